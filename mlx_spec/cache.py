@@ -1,0 +1,119 @@
+"""A sliding-window K/V cache whose newest entries can be dropped at any offset.
+
+mlx-lm's ``RotatingKVCache`` stops being trimmable once it wraps (offset >= window), which is
+exactly when speculative decoding needs it most. This cache keeps its entries in temporal order
+in a buffer that holds the window plus a slack of ``max_trim`` positions, so the last
+``max_trim`` entries can always be dropped and every query still sees its full window. When the
+buffer fills up, the entries still needed are moved to its front (one copy every ``step``
+tokens), so memory stays bounded however long the generation runs.
+
+It implements the part of mlx-lm's cache interface that mlx-lm's Gemma 4 attention uses:
+``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``.
+"""
+
+from typing import Optional
+
+import mlx.core as mx
+
+
+class SlidingWindowCache:
+    step = 256
+
+    def __init__(self, window: int, max_trim: int):
+        if window < 1 or max_trim < 0:
+            raise ValueError(f"window must be >= 1 and max_trim >= 0, got {window}, {max_trim}")
+        self.window = window
+        self.max_trim = max_trim
+        self.keys: Optional[mx.array] = None
+        self.values: Optional[mx.array] = None
+        self.offset = 0  # positions written so far (the next position to write)
+        self.start = 0  # absolute position held in buffer slot 0
+
+    def _oldest_needed(self) -> int:
+        # After a trim of up to max_trim, the next query (and the drafter, which reads the
+        # last `window` settled positions) must still find its whole window.
+        return max(self.start, self.offset - self.max_trim - self.window)
+
+    def _make_room(self, n_new: int, like_k: mx.array, like_v: mx.array) -> None:
+        keep_from = self._oldest_needed()
+        kept = self.offset - keep_from
+        need = kept + n_new
+        size = max(self.window + self.max_trim + self.step, need)
+        size = -(-size // self.step) * self.step
+        B, H, _, Dk = like_k.shape
+        new_k = mx.zeros((B, H, size, Dk), like_k.dtype)
+        new_v = mx.zeros((B, H, size, like_v.shape[3]), like_v.dtype)
+        if self.keys is not None and kept > 0:
+            lo = keep_from - self.start
+            new_k[..., :kept, :] = self.keys[..., lo : lo + kept, :]
+            new_v[..., :kept, :] = self.values[..., lo : lo + kept, :]
+        self.keys, self.values, self.start = new_k, new_v, keep_from
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Append `L` positions; return the keys and values the new queries can see."""
+        n_new = keys.shape[2]
+        if self.keys is None or self.offset - self.start + n_new > self.keys.shape[2]:
+            self._make_room(n_new, keys, values)
+        i = self.offset - self.start
+        self.keys[..., i : i + n_new, :] = keys
+        self.values[..., i : i + n_new, :] = values
+        first = self._first_visible(self.offset) - self.start
+        self.offset += n_new
+        end = self.offset - self.start
+        return self.keys[..., first:end, :], self.values[..., first:end, :]
+
+    def _first_visible(self, query_start: int) -> int:
+        """Oldest position the first of the new queries (at `query_start`) can see."""
+        return max(0, query_start - self.window + 1)
+
+    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
+        """Mask for `N` new queries against what `update_and_fetch` will return.
+
+        The keys run from the first query's window start to the last new position; a query
+        sees a key when the key is not in its future and lies within its own window.
+        """
+        window = self.window if window_size is None else window_size
+        if window != self.window:
+            raise ValueError(f"cache window {self.window} != requested window {window}")
+        first = self._first_visible(self.offset)
+        last_query = self.offset + N - 1
+        if N == 1 and not return_array:
+            return None
+        if last_query - first < window and not return_array:
+            return "causal"
+        q = mx.arange(self.offset, self.offset + N)[:, None]
+        k = mx.arange(first, last_query + 1)[None]
+        return (k <= q) & (k > q - window)
+
+    def draft_view(self):
+        """Keys and values of the last `window` written positions, oldest first.
+
+        This is what the MTP drafter's sliding layers attend to (bidirectionally, no mask).
+        """
+        lo = max(self.start, self.offset - self.window) - self.start
+        hi = self.offset - self.start
+        return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the newest `n` positions (at most `max_trim` since the last append)."""
+        n = min(n, self.offset)
+        new_offset = self.offset - n
+        if new_offset - self.start < min(self.window, new_offset):
+            raise ValueError(
+                f"cannot trim {n} positions: only {self.max_trim} are guaranteed to be trimmable"
+            )
+        self.offset = new_offset
+        return n
+
+    def size(self) -> int:
+        return min(self.offset, self.window)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes

@@ -1,0 +1,235 @@
+"""Find, check and load the Gemma 4 target and its MTP assistant.
+
+Hub ids are downloaded with huggingface-hub (only configs, tokenizer files and safetensors);
+local folders are read as they are. Only safetensors are read and no code from a checkpoint runs.
+Every problem a user can cause is reported as a `LoadError` naming the path and what is wrong.
+"""
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .assistant import Assistant, AssistantConfig
+from .target import FULL, SLIDING, Target
+
+DEFAULT_TARGET = "mlx-community/gemma-4-e2b-it-4bit"
+DEFAULT_DRAFTER = "mlx-community/gemma-4-E2B-it-assistant-bf16"
+
+TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified")
+DRAFTER_TYPES = ("gemma4_assistant",)
+ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+
+
+class LoadError(Exception):
+    """A checkpoint could not be used; the message names the path and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: dict
+    generation_config: dict
+
+
+def resolve(path_or_repo: str, what: str) -> Path:
+    """A local folder, or a hub repo id downloaded (configs, tokenizer and safetensors only)."""
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise LoadError(f"{what} {path_or_repo}: not a folder")
+        return path
+    if not _looks_like_repo_id(path_or_repo):
+        raise LoadError(f"{what} {path_or_repo}: no such folder")
+    return _download(path_or_repo, what)
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _download(repo_id: str, what: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS))
+    except GatedRepoError:
+        raise LoadError(
+            f"{what} {repo_id}: the repository is gated; accept its license on the hub and log in"
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError, HFValidationError):
+        raise LoadError(f"{what} {repo_id}: no such folder, and no such repository on the hub") from None
+    except LocalEntryNotFoundError:
+        raise LoadError(
+            f"{what} {repo_id}: not downloaded yet and the hub cannot be reached (offline?)"
+        ) from None
+
+
+def read_checkpoint(path: Path, what: str) -> Checkpoint:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LoadError(f"{what} {path}: no config.json")
+    config = _read_json(config_file, what)
+    generation = path / "generation_config.json"
+    generation_config = _read_json(generation, what) if generation.is_file() else {}
+    if not glob.glob(str(path / "*.safetensors")):
+        raise LoadError(f"{what} {path}: no weights (*.safetensors)")
+    return Checkpoint(path, config, generation_config)
+
+
+def _read_json(file: Path, what: str) -> dict:
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{what} {file}: not valid JSON ({e})") from None
+
+
+def _check_type(ckpt: Checkpoint, what: str, expected: Tuple[str, ...]) -> None:
+    model_type = ckpt.config.get("model_type")
+    if model_type in expected:
+        return
+    if what == "target" and model_type in DRAFTER_TYPES:
+        raise LoadError(f"target {ckpt.path}: this is an MTP drafter ({model_type}); pass it as the drafter")
+    if what == "drafter" and model_type in TARGET_TYPES:
+        raise LoadError(f"drafter {ckpt.path}: this is a Gemma 4 target ({model_type}); pass it as the target")
+    raise LoadError(f"{what} {ckpt.path}: model_type {model_type!r} is not one of {', '.join(expected)}")
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config", config) if config.get("model_type") != "gemma4_text" else config
+
+
+def _normalize_text_config(text: dict) -> dict:
+    """Newer transformers write per-layer head sizes to `per_layer_config` instead of
+    `global_head_dim`; mlx-lm reads `global_head_dim`. Fill it in from the full layers."""
+    text = dict(text)
+    per_layer = text.get("per_layer_config") or {}
+    layer_types = text.get("layer_types") or []
+    for index, overrides in per_layer.items():
+        i = int(index)
+        if i < len(layer_types) and layer_types[i] == FULL and "head_dim" in overrides:
+            text.setdefault("global_head_dim", overrides["head_dim"])
+    return text
+
+
+def _mlx_error(what: str, path: Path, error: Exception) -> LoadError:
+    return LoadError(f"{what} {path}: the weights do not fit the config: {error}")
+
+
+def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
+    from mlx_lm.utils import load_model
+
+    path = resolve(path_or_repo, "target")
+    ckpt = read_checkpoint(path, "target")
+    _check_type(ckpt, "target", TARGET_TYPES)
+    text = _normalize_text_config(_text_config(ckpt.config))
+    overrides = text if ckpt.config["model_type"] == "gemma4_text" else {"text_config": text}
+    try:
+        model, _ = load_model(path, model_config=overrides)
+    except ValueError as e:
+        raise _mlx_error("target", path, e) from None
+    return Target(model), ckpt
+
+
+def load_drafter(path_or_repo: str, quantize_bits: Optional[int] = None) -> Tuple[Assistant, Checkpoint]:
+    path = resolve(path_or_repo, "drafter")
+    ckpt = read_checkpoint(path, "drafter")
+    _check_type(ckpt, "drafter", DRAFTER_TYPES)
+    config = dict(ckpt.config)
+    config["text_config"] = _normalize_text_config(config["text_config"])
+    assistant = Assistant(AssistantConfig.from_dict(config, ckpt.generation_config))
+    weights = {}
+    for file in sorted(glob.glob(str(path / "*.safetensors"))):
+        weights.update(mx.load(file))
+    weights = assistant.sanitize(weights)
+    if "quantization" in config:
+        _quantize_like_checkpoint(assistant, config["quantization"], weights)
+    try:
+        assistant.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise _mlx_error("drafter", path, e) from None
+    if quantize_bits is not None:
+        if "quantization" in config:
+            raise LoadError(f"drafter {path}: already quantized; cannot quantize it again")
+        quantize_drafter(assistant, quantize_bits)
+    assistant.eval()
+    mx.eval(assistant.parameters())
+    return assistant, ckpt
+
+
+def _quantize_like_checkpoint(module: nn.Module, quantization: dict, weights: dict) -> None:
+    """Turn the layers that were saved quantized (they carry `.scales`) into quantized layers."""
+    nn.quantize(
+        module,
+        group_size=quantization["group_size"],
+        bits=quantization["bits"],
+        class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights,
+    )
+
+
+def quantize_drafter(assistant: Assistant, bits: int, group_size: int = 64) -> None:
+    if bits not in (4, 8):
+        raise LoadError(f"drafter quantization must be 4 or 8 bits, got {bits}")
+
+    def fits(path: str, module: nn.Module) -> bool:
+        if not hasattr(module, "to_quantized"):
+            return False
+        return module.weight.shape[-1] % group_size == 0
+
+    nn.quantize(assistant, group_size=group_size, bits=bits, class_predicate=fits)
+
+
+def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None:
+    """The drafter must read this target's hidden states, vocabulary and K/V head sizes."""
+    cfg, args = assistant.config, target.args
+    problems = []
+    if cfg.backbone_hidden_size != args.hidden_size:
+        problems.append(f"backbone_hidden_size {cfg.backbone_hidden_size} != target hidden_size {args.hidden_size}")
+    if assistant.vocab_size != args.vocab_size:
+        problems.append(f"vocabulary {assistant.vocab_size} != target vocabulary {args.vocab_size}")
+    target_head = {SLIDING: args.head_dim, FULL: args.global_head_dim or args.head_dim}
+    for i, (layer, kind) in enumerate(zip(assistant.model.layers, assistant.layer_types)):
+        if kind not in target_head:
+            problems.append(f"layer {i} has unknown attention type {kind}")
+        elif layer.self_attn.head_dim != target_head[kind]:
+            problems.append(f"layer {i} ({kind}) head_dim {layer.self_attn.head_dim} != target's {target_head[kind]}")
+    if cfg.text.sliding_window != args.sliding_window:
+        problems.append(f"sliding_window {cfg.text.sliding_window} != target's {args.sliding_window}")
+    if problems:
+        raise LoadError(f"drafter {drafter_path} does not match the target: " + "; ".join(problems))
+
+
+def load_tokenizer(ckpt: Checkpoint) -> Optional[Any]:
+    """mlx-lm's tokenizer wrapper (with its streaming detokenizer), or None if the checkpoint
+    folder has no tokenizer (token-id prompts still work)."""
+    if not (ckpt.path / "tokenizer.json").is_file() and not (ckpt.path / "tokenizer.model").is_file():
+        return None
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    eos = ckpt.config.get("eos_token_id", ckpt.generation_config.get("eos_token_id"))
+    eos = ckpt.generation_config.get("eos_token_id", eos)
+    return mlx_load_tokenizer(ckpt.path, eos_token_ids=eos)

@@ -1,0 +1,124 @@
+"""The Gemma 4 target: mlx-lm's own model, opened up for speculative decoding.
+
+We do not rewrite the network. mlx-lm's ``gemma4_text`` model already returns the post-final-norm
+hidden states from its inner model; this wrapper adds the logits head on chosen positions only,
+the scaled input embedding the drafter needs, our trimmable caches, and access to the K/V of the
+last non-shared sliding and full layers, which the MTP drafter reads instead of a cache of its own.
+"""
+
+from typing import Dict, List, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.gemma4_text import logit_softcap
+
+from .cache import SlidingWindowCache
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+def kv_source_layers(layer_types: List[str], num_kv_shared_layers: int) -> Dict[str, int]:
+    """The last layer of each attention type that computes its own K/V (13 and 14 in E2B)."""
+    n_cached = len(layer_types) - num_kv_shared_layers
+    sources = {}
+    for i in range(n_cached):
+        sources[layer_types[i]] = i
+    missing = {SLIDING, FULL} - sources.keys()
+    if missing:
+        raise ValueError(f"no K/V-computing layer of type {sorted(missing)} in the target")
+    return sources
+
+
+class Target:
+    """Gemma 4 text model (from mlx-lm) with logits, hidden states and shared K/V."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        # The multimodal wrapper (model_type gemma4) holds the text model as `language_model`.
+        self.lm = getattr(model, "language_model", model)
+        self.text_model = self.lm.model
+        self.args = self.lm.args
+        self.kv_layers = kv_source_layers(self.args.layer_types, self.args.num_kv_shared_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def window(self) -> int:
+        return self.args.sliding_window
+
+    @property
+    def num_cached_layers(self) -> int:
+        return self.args.num_hidden_layers - self.args.num_kv_shared_layers
+
+    def make_cache(self, max_trim: int = 16) -> list:
+        """Caches for the layers that compute K/V; the sliding ones can drop `max_trim` entries."""
+        return [
+            SlidingWindowCache(self.window, max_trim) if t == SLIDING else KVCache()
+            for t in self.args.layer_types[: self.num_cached_layers]
+        ]
+
+    def hidden(self, tokens: mx.array, cache: list) -> mx.array:
+        """Post-final-norm hidden states [B, L, hidden] of `tokens`, appended to `cache`."""
+        return self.text_model(tokens, cache=cache)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Softcapped logits of the given hidden states (tied or separate head, as mlx-lm does)."""
+        if self.lm.tie_word_embeddings:
+            out = self.text_model.embed_tokens.as_linear(hidden)
+        else:
+            out = self.lm.lm_head(hidden)
+        if self.lm.final_logit_softcapping is not None:
+            out = logit_softcap(self.lm.final_logit_softcapping, out)
+        return out
+
+    def __call__(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+        """Logits and hidden states of every position of `tokens`."""
+        hidden = self.hidden(tokens, cache)
+        return self.logits(hidden), hidden
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The scaled input embedding, as the target's first layer sees it."""
+        return self.text_model.embed_tokens(tokens) * self.text_model.embed_scale
+
+    def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
+        """K/V the MTP drafter attends to: the last `window` positions of the sliding source
+        layer and every position of the full source layer, all settled (no rejected guesses,
+        as long as the caches were trimmed first)."""
+        sliding = cache[self.kv_layers[SLIDING]]
+        full = cache[self.kv_layers[FULL]]
+        if full.keys is None:
+            raise ValueError("the target has processed no tokens yet: prefill first")
+        return {
+            SLIDING: sliding.draft_view(),
+            FULL: (full.keys[..., : full.offset, :], full.values[..., : full.offset, :]),
+        }
+
+    def cache_offset(self, cache: list) -> int:
+        return cache[0].offset if cache else 0
+
+
+def trim_cache(cache: list, n: int) -> None:
+    """Drop the newest `n` positions from every layer's cache."""
+    if n <= 0:
+        return
+    for c in cache:
+        c.trim(n)
+
+
+def prefill(target: Target, tokens: mx.array, cache: list, chunk: int = 512) -> mx.array:
+    """Feed `tokens` [1, L] to the target in chunks; return the hidden state [1, 1, H] of the
+    last position. Earlier chunks are evaluated for their cache state alone (their logits are
+    never built)."""
+    while tokens.shape[1] > chunk:
+        target.hidden(tokens[:, :chunk], cache)
+        mx.eval([c.keys for c in cache] + [c.values for c in cache])
+        tokens = tokens[:, chunk:]
+    return target.hidden(tokens, cache)[:, -1:]
