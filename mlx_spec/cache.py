@@ -26,19 +26,22 @@ class SlidingWindowCache:
         self.max_trim = max_trim
         self.keys: Optional[mx.array] = None
         self.values: Optional[mx.array] = None
+        # The MTP drafter reads the last window + 1 positions: transformers' assistant masks its
+        # sliding layers with |query - key| <= window.
+        self.draft_span = window + 1
         self.offset = 0  # positions written so far (the next position to write)
         self.start = 0  # absolute position held in buffer slot 0
 
     def _oldest_needed(self) -> int:
         # After a trim of up to max_trim, the next query (and the drafter, which reads the
-        # last `window` settled positions) must still find its whole window.
-        return max(self.start, self.offset - self.max_trim - self.window)
+        # last `draft_span` settled positions) must still find everything it reads.
+        return max(self.start, self.offset - self.max_trim - self.draft_span)
 
     def _make_room(self, n_new: int, like_k: mx.array, like_v: mx.array) -> None:
         keep_from = self._oldest_needed()
         kept = self.offset - keep_from
         need = kept + n_new
-        size = max(self.window + self.max_trim + self.step, need)
+        size = max(self.draft_span + self.max_trim + self.step, need)
         size = -(-size // self.step) * self.step
         B, H, _, Dk = like_k.shape
         new_k = mx.zeros((B, H, size, Dk), like_k.dtype)
@@ -86,11 +89,11 @@ class SlidingWindowCache:
         return (k <= q) & (k > q - window)
 
     def draft_view(self):
-        """Keys and values of the last `window` written positions, oldest first.
+        """Keys and values of the last `draft_span` written positions, oldest first.
 
         This is what the MTP drafter's sliding layers attend to (bidirectionally, no mask).
         """
-        lo = max(self.start, self.offset - self.window) - self.start
+        lo = max(self.start, self.offset - self.draft_span) - self.start
         hi = self.offset - self.start
         return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
 
@@ -101,7 +104,7 @@ class SlidingWindowCache:
         """Drop the newest `n` positions (at most `max_trim` since the last append)."""
         n = min(n, self.offset)
         new_offset = self.offset - n
-        if new_offset - self.start < min(self.window, new_offset):
+        if new_offset - self.start < min(self.draft_span, new_offset):
             raise ValueError(
                 f"cannot trim {n} positions: only {self.max_trim} are guaranteed to be trimmable"
             )

@@ -95,9 +95,14 @@ def read_checkpoint(path: Path, what: str) -> Checkpoint:
     config = _read_json(config_file, what)
     generation = path / "generation_config.json"
     generation_config = _read_json(generation, what) if generation.is_file() else {}
-    if not glob.glob(str(path / "*.safetensors")):
-        raise LoadError(f"{what} {path}: no weights (*.safetensors)")
+    if not weight_files(path):
+        raise LoadError(f"{what} {path}: no weights (model*.safetensors)")
     return Checkpoint(path, config, generation_config)
+
+
+def weight_files(path: Path) -> list:
+    # The names mlx-lm reads; only safetensors, never pickles.
+    return sorted(glob.glob(str(path / "model*.safetensors")))
 
 
 def _read_json(file: Path, what: str) -> dict:
@@ -137,7 +142,8 @@ def _normalize_text_config(text: dict) -> dict:
 
 
 def _mlx_error(what: str, path: Path, error: Exception) -> LoadError:
-    return LoadError(f"{what} {path}: the weights do not fit the config: {error}")
+    one_line = " ".join(str(error).split())
+    return LoadError(f"{what} {path}: the weights do not fit the config: {one_line}")
 
 
 def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
@@ -147,10 +153,14 @@ def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
     ckpt = read_checkpoint(path, "target")
     _check_type(ckpt, "target", TARGET_TYPES)
     text = _normalize_text_config(_text_config(ckpt.config))
-    overrides = text if ckpt.config["model_type"] == "gemma4_text" else {"text_config": text}
+    if ckpt.config["model_type"] == "gemma4_text":
+        overrides = text
+    else:
+        # mlx-lm's wrapper copies its own top-level vocab_size (default 262144) into the text config.
+        overrides = {"text_config": text, "vocab_size": text.get("vocab_size", 262144)}
     try:
         model, _ = load_model(path, model_config=overrides)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         raise _mlx_error("target", path, e) from None
     return Target(model), ckpt
 
@@ -163,8 +173,11 @@ def load_drafter(path_or_repo: str, quantize_bits: Optional[int] = None) -> Tupl
     config["text_config"] = _normalize_text_config(config["text_config"])
     assistant = Assistant(AssistantConfig.from_dict(config, ckpt.generation_config))
     weights = {}
-    for file in sorted(glob.glob(str(path / "*.safetensors"))):
-        weights.update(mx.load(file))
+    for file in weight_files(path):
+        try:
+            weights.update(mx.load(file))
+        except (RuntimeError, ValueError) as e:
+            raise LoadError(f"drafter {file}: cannot read the safetensors file ({e})") from None
     weights = assistant.sanitize(weights)
     if "quantization" in config:
         _quantize_like_checkpoint(assistant, config["quantization"], weights)

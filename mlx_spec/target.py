@@ -89,7 +89,7 @@ class Target:
         return self.text_model.embed_tokens(tokens) * self.text_model.embed_scale
 
     def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
-        """K/V the MTP drafter attends to: the last `window` positions of the sliding source
+        """K/V the MTP drafter attends to: the last window + 1 positions of the sliding source
         layer and every position of the full source layer, all settled (no rejected guesses,
         as long as the caches were trimmed first)."""
         sliding = cache[self.kv_layers[SLIDING]]

@@ -1,0 +1,21 @@
+"""Session-wide tiny checkpoints, built once per test run with transformers (no network)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {
+        "text": tiny.build_target(root / "target-text", "text"),
+        "google": tiny.build_target(root / "target-google", "google", tokenizer=False),
+        "assistant": tiny.build_assistant(root / "assistant", ordered=True),
+        "assistant_plain": tiny.build_assistant(root / "assistant-plain", ordered=False),
+    }

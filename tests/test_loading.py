@@ -1,0 +1,187 @@
+"""Loading: hub ids and folders, both target layouts, quantized drafters, and clear errors."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import tiny
+from mlx_spec import LoadError, load
+from mlx_spec.loading import load_drafter, load_target, resolve
+from mlx_spec.target import prefill
+
+
+def copy_of(folder, tmp_path, name="copy"):
+    dest = tmp_path / name
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def rewrite_weights(folder, change):
+    file = folder / "model.safetensors"
+    weights = dict(mx.load(str(file)))
+    change(weights)
+    mx.save_safetensors(str(file), weights, metadata={"format": "pt"})
+
+
+def test_load_returns_engine_with_tokenizer(checkpoints):
+    engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    assert engine.drafter is not None
+    assert engine.tokenizer is not None
+    assert engine.tokenizer.encode("Hello!")
+    assert engine.target.vocab_size == tiny.VOCAB
+
+
+def test_folder_without_tokenizer_loads_with_none(checkpoints):
+    engine = load(str(checkpoints["google"]), drafter=None)
+    assert engine.tokenizer is None and engine.drafter is None
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(LoadError, match=r"target .*nowhere: no such folder"):
+        load(str(tmp_path / "nowhere"), drafter=None)
+
+
+def test_hub_repo_not_available_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LoadError, match=r"not downloaded yet and the hub cannot be reached"):
+        resolve("mlx-spec-tests/no-such-model", "target")
+
+
+def test_hub_repo_that_does_not_exist(monkeypatch):
+    from unittest.mock import Mock
+
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    def not_found(repo_id, **kwargs):
+        raise RepositoryNotFoundError(f"404 {repo_id}", response=Mock(status_code=404, headers={}))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", not_found)
+    with pytest.raises(LoadError, match=r"drafter someone/missing: no such folder, and no such repository"):
+        resolve("someone/missing", "drafter")
+
+
+def test_hub_download_asks_only_for_needed_files(monkeypatch, checkpoints):
+    import huggingface_hub
+
+    asked = {}
+
+    def fake_download(repo_id, allow_patterns=None, **kwargs):
+        asked.update(repo=repo_id, patterns=allow_patterns)
+        return str(checkpoints["text"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    target, ckpt = load_target("mlx-community/gemma-4-e2b-it-4bit")
+    assert asked["repo"] == "mlx-community/gemma-4-e2b-it-4bit"
+    assert "*.safetensors" in asked["patterns"]
+    assert not any(p.endswith((".bin", ".py", ".pt", ".pth")) for p in asked["patterns"])
+    assert ckpt.path == checkpoints["text"]
+
+
+def test_no_config(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["text"], tmp_path)
+    (folder / "config.json").unlink()
+    with pytest.raises(LoadError, match=r"target .*copy: no config.json"):
+        load_target(str(folder))
+
+
+def test_no_weights_and_pickles_are_not_read(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["text"], tmp_path)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(LoadError, match=r"target .*copy: no weights \(model\*.safetensors\)"):
+        load_target(str(folder))
+
+
+def test_missing_tensor(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["text"], tmp_path)
+    rewrite_weights(folder, lambda w: w.pop("model.layers.2.mlp.up_proj.weight"))
+    with pytest.raises(LoadError, match=r"target .*copy: the weights do not fit the config: .*layers.2.mlp.up_proj"):
+        load_target(str(folder))
+
+
+def test_wrong_shape(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["assistant"], tmp_path)
+
+    def shrink(w):
+        w["pre_projection.weight"] = w["pre_projection.weight"][:, :10]
+
+    rewrite_weights(folder, shrink)
+    with pytest.raises(LoadError, match=r"drafter .*copy: the weights do not fit the config: .*pre_projection"):
+        load_drafter(str(folder))
+
+
+def test_drafter_given_as_target_and_the_reverse(checkpoints):
+    with pytest.raises(LoadError, match=r"this is an MTP drafter \(gemma4_assistant\); pass it as the drafter"):
+        load(str(checkpoints["assistant"]), drafter=None)
+    with pytest.raises(LoadError, match=r"this is a Gemma 4 target \(gemma4_text\); pass it as the target"):
+        load(str(checkpoints["text"]), drafter=str(checkpoints["text"]))
+
+
+def test_unknown_model_type(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["text"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "llama"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match=r"model_type 'llama' is not one of gemma4"):
+        load_target(str(folder))
+
+
+def test_drafter_for_another_backbone(checkpoints, tmp_path):
+    folder = tiny.build_assistant(tmp_path / "wide", backbone=2 * tiny.HIDDEN)
+    with pytest.raises(LoadError, match=r"does not match the target: backbone_hidden_size 128 != target hidden_size 64"):
+        load(str(checkpoints["text"]), drafter=str(folder))
+
+
+def test_drafter_with_another_vocabulary(checkpoints, tmp_path):
+    folder = tiny.build_assistant(tmp_path / "vocab", vocab_size=256)
+    with pytest.raises(LoadError, match=r"does not match the target: vocabulary 256 != target vocabulary 384"):
+        load(str(checkpoints["text"]), drafter=str(folder))
+
+
+def test_invalid_drafter_bits(checkpoints):
+    with pytest.raises(LoadError, match=r"must be 4 or 8 bits, got 3"):
+        load_drafter(str(checkpoints["assistant"]), quantize_bits=3)
+
+
+def _draft_tokens(target, drafter, ids, steps=6):
+    cache = target.make_cache()
+    hidden = prefill(target, mx.array(ids[:, :-1]), cache)
+    kv, token, out = target.drafter_kv(cache), mx.array(ids[:, -1:]), []
+    for _ in range(steps):
+        h, hidden = drafter.step(target.embed(token), hidden, kv, ids.shape[1] - 1)
+        token = drafter.greedy_token(h)
+        out.append(token.item())
+    return out
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_drafter_loads_and_drafts(checkpoints, bits):
+    target, _ = load_target(str(checkpoints["text"]))
+    drafter, _ = load_drafter(str(checkpoints["assistant"]), quantize_bits=bits)
+    assert drafter.pre_projection.bits == bits
+    assert drafter.model.embed_tokens.bits == bits
+    ids = np.random.RandomState(2).randint(0, tiny.VOCAB, size=(1, 3 * tiny.WINDOW))
+    drafted = _draft_tokens(target, drafter, ids)
+    assert len(drafted) == 6 and all(0 <= t < tiny.VOCAB for t in drafted)
+
+
+def test_prequantized_drafter_checkpoint(checkpoints, tmp_path):
+    """An MLX-converted drafter saved quantized (as mlx-community publishes them) loads and
+    drafts exactly what the same weights quantized at load time draft."""
+    drafter, ckpt = load_drafter(str(checkpoints["assistant"]), quantize_bits=8)
+    folder = copy_of(checkpoints["assistant"], tmp_path, "assistant-8bit")
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization"] = {"group_size": 64, "bits": 8}
+    (folder / "config.json").write_text(json.dumps(config))
+
+    reloaded, _ = load_drafter(str(folder))
+    target, _ = load_target(str(checkpoints["text"]))
+    ids = np.random.RandomState(4).randint(0, tiny.VOCAB, size=(1, 3 * tiny.WINDOW))
+    assert _draft_tokens(target, reloaded, ids) == _draft_tokens(target, drafter, ids)
+    with pytest.raises(LoadError, match="already quantized"):
+        load_drafter(str(folder), quantize_bits=4)

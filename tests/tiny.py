@@ -1,0 +1,181 @@
+"""Tiny random Gemma 4 checkpoints, built and saved with transformers (the reference).
+
+They keep the real structure (sliding + full layers, K/V sharing, per-layer embeddings,
+double-wide MLPs on shared layers, softcap, proportional RoPE, the assistant's centroid head)
+at toy widths, with a sliding window of 12 so tests cross it, and every parameter randomised
+(norm scales and layer scalars too) so that a wrong formula cannot hide behind a weight of one.
+The tokenizer is a real BPE trained locally with `tokenizers`, with Gemma 4's special tokens
+and a Gemma 4 style chat template.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 384
+WINDOW = 12
+HIDDEN = 64
+SLIDING, FULL = "sliding_attention", "full_attention"
+ROPE = {
+    FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+    SLIDING: {"rope_theta": 1e4, "rope_type": "default"},
+}
+SPECIAL_TOKENS = [
+    "<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|tool>", "<tool|>",
+    "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>',
+    "<|channel>", "<channel|>", "<mask>",
+]
+EOS_ID = 1
+END_OF_TURN_ID = SPECIAL_TOKENS.index("<turn|>")
+
+CHAT_TEMPLATE = r"""{{- bos_token -}}
+{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none -%}
+{%- if system is not none or tools -%}
+{{- '<|turn>system\n' -}}
+{%- if system is not none -%}{{- system -}}{%- endif -%}
+{%- for tool in tools or [] -%}
+{{- '<|tool>declaration:' + tool['function']['name'] + tool['function'] | tojson + '<tool|>' -}}
+{%- endfor -%}
+{{- '<turn|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'system' -%}
+{%- elif message['role'] == 'tool' -%}
+{{- '<|turn>user\n<|tool_response>response:' + (message.get('name') or 'tool') + '{value:<|"|>' + message['content'] + '<|"|>}<tool_response|><turn|>\n' -}}
+{%- else -%}
+{{- '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}
+{%- if message.get('content') -%}{{- message['content'] -}}{%- endif -%}
+{%- for call in message.get('tool_calls') or [] -%}
+{{- '<|tool_call>call:' + call['function']['name'] + call['function']['arguments'] | tojson + '<tool_call|>' -}}
+{%- endfor -%}
+{{- '<turn|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|turn>model\n' -}}{%- endif -%}"""
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "What time is it in Taipei? And in New York?",
+    "def add(a, b):\n    return a + b\n",
+    "Speculative decoding drafts tokens and verifies them in one pass.",
+    "Gemma runs on a Mac with MLX. The weather is sunny today.",
+    "for i in range(10):\n    print(i * i)\n",
+    "Hello! How can I help you today? I can answer questions and call tools.",
+]
+
+
+def _text_config(**overrides):
+    from transformers import Gemma4TextConfig
+
+    layer_types = [SLIDING] * 4 + [FULL] + [SLIDING] * 4 + [FULL]
+    config = dict(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=HIDDEN,
+        intermediate_size=96, num_hidden_layers=len(layer_types), num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, global_head_dim=64, hidden_size_per_layer_input=16,
+        num_kv_shared_layers=4, sliding_window=WINDOW, final_logit_softcapping=30.0,
+        use_double_wide_mlp=True, layer_types=layer_types, rope_parameters=ROPE,
+        max_position_embeddings=4096, initializer_range=0.05, pad_token_id=0, eos_token_id=EOS_ID,
+        bos_token_id=2,
+    )
+    config.update(overrides)
+    return Gemma4TextConfig(**config)
+
+
+def _randomise(model: torch.nn.Module, seed: int) -> None:
+    """Give norm scales and layer scalars random values around one, so none is a no-op."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 or name.endswith("layer_scalar"):
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.75 + 0.5 * torch.rand(b.shape, generator=g))
+
+
+def build_target(folder: Path, layout: str = "text", seed: int = 0, tokenizer: bool = True) -> Path:
+    """A tiny target. layout "text": Gemma4ForCausalLM (model_type gemma4_text);
+    "google": Gemma4ForConditionalGeneration with vision and audio towers, as google ships it.
+    Both layouts carry the same language-model weights for the same seed."""
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = _text_config()
+    model = Gemma4ForCausalLM(text)
+    _randomise(model, seed)
+    if layout == "google":
+        config = Gemma4Config(text_config=text.to_dict(), vision_config=_tiny_vision(), audio_config=_tiny_audio())
+        wrapper = Gemma4ForConditionalGeneration(config)
+        wrapper.model.language_model.load_state_dict(model.model.state_dict())
+        model = wrapper
+    elif layout != "text":
+        raise ValueError(layout)
+    model.eval().save_pretrained(folder)
+    if tokenizer:
+        save_tokenizer(folder)
+    return Path(folder)
+
+
+def _tiny_vision() -> dict:
+    return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64)
+
+
+def _tiny_audio() -> dict:
+    return dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                output_proj_dims=32, conv_kernel_size=3)
+
+
+def build_assistant(
+    folder: Path, ordered: bool = True, seed: int = 1, backbone: int = HIDDEN, **text_overrides
+) -> Path:
+    """A tiny gemma4_assistant drafter for the tiny target (centroid head on or off).
+    Widths are multiples of 64 so that it can be quantized with MLX's default group size."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    text = dict(
+        vocab_size_per_layer_input=0, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=4, final_logit_softcapping=None,
+        use_double_wide_mlp=False, layer_types=[SLIDING] * 3 + [FULL],
+    )
+    text.update(text_overrides)
+    config = Gemma4AssistantConfig(
+        text_config=_text_config(**text).to_dict(), backbone_hidden_size=backbone,
+        use_ordered_embeddings=ordered, num_centroids=16, centroid_intermediate_top_k=4,
+    )
+    model = Gemma4AssistantForCausalLM(config)
+    _randomise(model, seed)
+    if ordered:
+        ordering = torch.randperm(config.text_config.vocab_size, generator=torch.Generator().manual_seed(seed))
+        model.masked_embedding.token_ordering.copy_(ordering)
+    model.generation_config.num_assistant_tokens = 6
+    model.eval().save_pretrained(folder)
+    return Path(folder)
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A byte-level BPE over a small corpus, with Gemma 4's special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[4:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    gen = Path(folder) / "generation_config.json"
+    config = json.loads(gen.read_text()) if gen.exists() else {}
+    config["eos_token_id"] = [EOS_ID, END_OF_TURN_ID]
+    gen.write_text(json.dumps(config, indent=2))
