@@ -1,10 +1,16 @@
-"""The engine: a loaded target, its drafter and tokenizer, and the entry point `load`."""
+"""The engine: a loaded target, its drafter and tokenizer; `generate` and `stream`.
 
-from dataclasses import dataclass
+Data flows one way: Engine -> Decoder -> (drafter, target, caches, sampling).
+"""
+
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .assistant import Assistant
+from .decoder import Decoder, SequenceState, Stats
+from .drafters import Drafter, MTPDrafter
 from .loading import (
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
@@ -13,16 +19,166 @@ from .loading import (
     load_target,
     load_tokenizer,
 )
+from .reports import TokenReport
+from .sampling import SamplingSettings, SettingsError
 from .target import Target
+
+Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]]]
 
 
 @dataclass
+class GenerationResult:
+    tokens: List[int]  # generated ids, a stop token included when one ended the answer
+    text: str  # the generated text, stop tokens left out ("" without a tokenizer)
+    steps: List[TokenReport]
+    stats: Stats
+    finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
+    tool_calls: List[Dict[str, Any]] = field(default_factory=list)
+
+
 class Engine:
-    target: Target
-    drafter: Optional[Assistant]
-    tokenizer: Optional[Any]
-    target_path: Path
-    drafter_path: Optional[Path]
+    """Gemma 4 target + MTP drafter + tokenizer. Create it with `mlx_spec.load`."""
+
+    def __init__(
+        self,
+        target: Target,
+        assistant: Optional[Assistant],
+        tokenizer: Optional[Any],
+        stop_tokens: Sequence[int],
+        target_path: Optional[Path] = None,
+        drafter_path: Optional[Path] = None,
+    ):
+        self.target = target
+        self.assistant = assistant
+        self.tokenizer = tokenizer
+        self.stop_tokens = sorted(set(stop_tokens))
+        self.target_path = target_path
+        self.drafter_path = drafter_path
+        self.mtp_drafter = MTPDrafter(assistant, target) if assistant is not None else None
+
+    @property
+    def default_draft_tokens(self) -> int:
+        return self.assistant.config.num_assistant_tokens if self.assistant is not None else 6
+
+    # -- prompts and text ------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt, tools: Optional[List[dict]] = None) -> List[int]:
+        """Token ids for a prompt: ids as given, a string as text, messages through the chat
+        template (with a generation prompt)."""
+        if isinstance(prompt, str):
+            return list(self._require_tokenizer("a text prompt").encode(prompt))
+        prompt = list(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            tokenizer = self._require_tokenizer("chat messages")
+            return list(tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True))
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return prompt
+        raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
+
+    def _require_tokenizer(self, what: str):
+        if self.tokenizer is None:
+            raise SettingsError(f"{what} needs a tokenizer, and {self.target_path} has none; pass token ids")
+        return self.tokenizer
+
+    def decode(self, tokens: List[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop_tokens])
+
+    @lru_cache(maxsize=65536)
+    def piece(self, token: int) -> Optional[str]:
+        """The text of one token on its own (for the top-5 lists)."""
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def decoder(
+        self,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+        mtp: Optional[bool] = None,
+        draft_tokens: Optional[int] = None,
+        drafter: Optional[Drafter] = None,
+        report: bool = True,
+    ) -> Decoder:
+        """A decoder with these settings. mtp=None drafts when a drafter is loaded or given."""
+        settings = SamplingSettings(temperature, top_k, top_p, seed)
+        if mtp is False:
+            drafter = None
+        elif drafter is None:
+            drafter = self.mtp_drafter
+            if drafter is None and mtp:
+                raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
+        g = self.default_draft_tokens if draft_tokens is None else draft_tokens
+        return Decoder(self.target, settings, drafter, g, report, self.stop_tokens)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        tools: Optional[List[dict]] = None,
+        decoder: Optional[Decoder] = None,
+        **settings,
+    ) -> Iterator[TokenReport]:
+        """Yield a report for every generated token as it settles (see `generate`)."""
+        decoder = decoder or self.decoder(**settings)
+        tokens = self.encode(prompt, tools)
+        state = SequenceState(self.target)
+        decoder.check_room(state, len(tokens), max_tokens)
+        decoder.add_tokens(state, tokens)
+        yield from self.with_text(decoder.generate(state, max_tokens))
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+        mtp: Optional[bool] = None,
+        draft_tokens: Optional[int] = None,
+        drafter: Optional[Drafter] = None,
+        report: bool = True,
+        tools: Optional[List[dict]] = None,
+    ) -> GenerationResult:
+        """Generate up to `max_tokens` tokens; the output is exactly the target's alone.
+
+        temperature 0 is greedy; otherwise temperature, then top_k (0: off), then top_p (1: off).
+        mtp=False decodes with the target alone (default: draft when a drafter is loaded or
+        given; True insists on one); `drafter` replaces the MTP assistant with any
+        object following the drafter protocol; `draft_tokens` sets the guesses per cycle;
+        report=False skips the per-token distribution figures.
+        """
+        decoder = self.decoder(
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, mtp=mtp,
+            draft_tokens=draft_tokens, drafter=drafter, report=report,
+        )
+        steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, decoder=decoder))
+        tokens = [s.token for s in steps]
+        finish = "stop" if tokens and tokens[-1] in self.stop_tokens else "length"
+        return GenerationResult(tokens, self.decode(tokens), steps, decoder.stats, finish)
+
+    def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
+        """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole)."""
+        if self.tokenizer is None:
+            yield from reports
+            return
+        detok = self.tokenizer.detokenizer
+        detok.reset()
+        for report in reports:
+            if report.token in self.stop_tokens:
+                report.text = ""
+            else:
+                detok.add_token(report.token)
+                report.text = detok.last_segment
+            report.top = [(t, p, self.piece(t)) for t, p, _ in report.top]
+            yield report
 
 
 def load(
@@ -41,4 +197,16 @@ def load(
         assistant, drafter_ckpt = load_drafter(drafter, quantize_bits=drafter_bits)
         drafter_path = drafter_ckpt.path
         check_pair(target, assistant, drafter_path)
-    return Engine(target, assistant, load_tokenizer(target_ckpt), target_ckpt.path, drafter_path)
+    tokenizer = load_tokenizer(target_ckpt)
+    stop = set(_ids(target_ckpt.generation_config.get("eos_token_id")))
+    stop |= set(_ids(target_ckpt.config.get("eos_token_id")))
+    stop |= set(_ids((target_ckpt.config.get("text_config") or {}).get("eos_token_id")))
+    if tokenizer is not None:
+        stop |= set(tokenizer.eos_token_ids)
+    return Engine(target, assistant, tokenizer, stop, target_ckpt.path, drafter_path)
+
+
+def _ids(value) -> List[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)

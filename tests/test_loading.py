@@ -29,7 +29,7 @@ def rewrite_weights(folder, change):
 
 def test_load_returns_engine_with_tokenizer(checkpoints):
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
-    assert engine.drafter is not None
+    assert engine.assistant is not None
     assert engine.tokenizer is not None
     assert engine.tokenizer.encode("Hello!")
     assert engine.target.vocab_size == tiny.VOCAB
@@ -37,7 +37,7 @@ def test_load_returns_engine_with_tokenizer(checkpoints):
 
 def test_folder_without_tokenizer_loads_with_none(checkpoints):
     engine = load(str(checkpoints["google"]), drafter=None)
-    assert engine.tokenizer is None and engine.drafter is None
+    assert engine.tokenizer is None and engine.assistant is None
 
 
 def test_missing_folder(tmp_path):

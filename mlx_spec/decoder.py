@@ -1,0 +1,228 @@
+"""The speculative loop: draft g, verify g + 1 positions in one target pass, accept, trim.
+
+Each cycle is built as one lazy MLX graph (the g draft steps, the verification pass, the
+acceptance test and the per-token reports) and evaluated once: exactly one host
+synchronisation per cycle, counted in the statistics. While the device works on a cycle, the
+previous cycle's tokens are handed to the caller (`mx.async_eval`), so printing overlaps compute.
+
+MTP off is the same loop with g = 0: one position per pass, the same reports and statistics.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import mlx.core as mx
+
+from .drafters import Draft, DraftContext, Drafter
+from .reports import TokenReport, build_reports, report_arrays
+from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution, uniform_streams
+from .target import Target, prefill, trim_cache
+
+MAX_DRAFT_TOKENS = 16
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    cycles: int = 0
+    drafted: int = 0
+    kept: int = 0
+    kept_by_position: List[int] = field(default_factory=list)  # [i]: cycles that kept guess i + 1
+    host_syncs: int = 0  # synchronisations in the decoding cycles
+    peak_memory_gb: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / self.drafted if self.drafted else 0.0
+
+    def to_dict(self) -> Dict:
+        out = dict(self.__dict__)
+        out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance)
+        return out
+
+
+class SequenceState:
+    """One sequence being decoded: the target's caches, the settled tokens (the last one is not
+    yet in the caches), and the target's hidden state at the last cached position."""
+
+    def __init__(self, target: Target):
+        self.cache = target.make_cache(max_trim=MAX_DRAFT_TOKENS + 1)
+        self.tokens: List[int] = []
+        self.hidden: Optional[mx.array] = None
+        self.generated = 0  # tokens generated so far, the index of the next uniform
+
+    @property
+    def cached(self) -> int:
+        return self.cache[0].offset
+
+
+@dataclass
+class _Cycle:
+    g: int
+    kept: mx.array
+    tokens: mx.array
+    hidden: mx.array
+    reports: Dict[str, mx.array]
+
+    def arrays(self) -> list:
+        return [self.kept, self.tokens, self.hidden, *self.reports.values()]
+
+
+class Decoder:
+    def __init__(
+        self,
+        target: Target,
+        settings: SamplingSettings,
+        drafter: Optional[Drafter] = None,
+        draft_tokens: int = 6,
+        report: bool = True,
+        stop_tokens: Sequence[int] = (),
+        prefill_chunk: int = 512,
+    ):
+        if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+            raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise SettingsError(f"drafter {drafter!r} has no draft(context, g) method")
+        self.target = target
+        self.settings = settings
+        self.drafter = drafter
+        self.draft_tokens = draft_tokens if drafter is not None else 0
+        self.report = report
+        self.stop_tokens = set(stop_tokens)
+        self.prefill_chunk = prefill_chunk
+        self.uniforms = uniform_streams(settings.seed)
+        self.stats = Stats()
+
+    def check_room(self, state: SequenceState, new_tokens: int, max_tokens: int) -> None:
+        limit = self.target.args.max_position_embeddings
+        total = len(state.tokens) + new_tokens + max_tokens
+        if total > limit:
+            raise SettingsError(
+                f"prompt too long: {len(state.tokens) + new_tokens} tokens plus {max_tokens} to "
+                f"generate exceed the model's {limit} positions"
+            )
+
+    def add_tokens(self, state: SequenceState, tokens: List[int]) -> None:
+        """Append prompt tokens: all but the last go through the target now (in chunks)."""
+        if not tokens:
+            raise SettingsError("the prompt is empty")
+        vocab = self.target.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        start = time.perf_counter()
+        to_process = state.tokens[-1:] + tokens[:-1]
+        state.tokens.extend(tokens)
+        if to_process:
+            state.hidden = prefill(self.target, mx.array([to_process]), state.cache, self.prefill_chunk)
+            mx.eval(state.hidden)
+        self.stats.prompt_tokens += len(to_process)
+        self.stats.prompt_seconds += time.perf_counter() - start
+
+    def generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
+        """Yield the reports of up to `max_tokens` new tokens as they settle."""
+        if max_tokens < 0:
+            raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
+        start = time.perf_counter()
+        produced, pending, in_flight = 0, None, None
+        try:
+            while produced < max_tokens:
+                in_flight = self._build_cycle(state, min(self.draft_tokens, max_tokens - produced - 1))
+                mx.async_eval(in_flight.arrays())
+                if pending:  # hand over the previous cycle while the device works on this one
+                    yield from pending
+                pending, stop = self._settle(state, in_flight, max_tokens - produced)
+                in_flight = None
+                produced += len(pending)
+                if stop:
+                    break
+            if pending:
+                yield from pending
+        finally:
+            if in_flight is not None:
+                # The caller stopped early: forget the cycle it never received.
+                trim_cache(state.cache, in_flight.g + 1)
+            self.stats.generation_seconds += time.perf_counter() - start
+            self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+    def _build_cycle(self, state: SequenceState, g: int) -> _Cycle:
+        if state.hidden is None:
+            g = 0  # nothing in the caches yet for a drafter to read
+        last = mx.array([state.tokens[-1:]], dtype=mx.int32)
+        draft = self._draft(state, last, g) if g > 0 else Draft(mx.zeros((0,), mx.int32))
+        inputs = mx.concatenate([last, draft.tokens[None]], axis=1)
+        logits, hidden = self.target(inputs, state.cache)
+        dist = distribution(logits[0], self.settings)
+        t0 = state.generated
+        if draft.q is None:
+            kept, tokens = accept_by_match(dist, draft.tokens, self.uniforms["target"].take(t0, g + 1))
+        else:
+            kept, tokens = accept_by_ratio(
+                dist,
+                draft.tokens,
+                draft.q,
+                self.uniforms["accept"].take(t0, g),
+                self.uniforms["residual"].take(t0, g),
+                self.uniforms["target"].take(t0 + g, 1)[0],
+            )
+        reports = report_arrays(logits[0], dist, tokens) if self.report else {}
+        return _Cycle(g, kept, tokens, hidden, reports)
+
+    def _draft(self, state: SequenceState, last: mx.array, g: int) -> Draft:
+        context = DraftContext(
+            tokens=state.tokens,
+            last_token=last,
+            hidden=state.hidden,
+            shared_kv=self.target.drafter_kv(state.cache),
+            settings=self.settings,
+            uniforms=self.uniforms["draft"].take(state.generated, g),
+        )
+        draft = self.drafter.draft(context, g)
+        if draft.tokens.shape != (g,):
+            raise SettingsError(f"drafter returned guesses of shape {draft.tokens.shape}, expected ({g},)")
+        return draft
+
+    def _settle(self, state: SequenceState, cycle: _Cycle, budget: int):
+        """The cycle's one host synchronisation; then cut the caches to the emitted tokens."""
+        mx.eval(cycle.arrays())
+        self.stats.host_syncs += 1
+        kept = cycle.kept.item()
+        tokens = cycle.tokens.tolist()[: kept + 1][:budget]
+        stop = False
+        for i, token in enumerate(tokens):
+            if token in self.stop_tokens:
+                tokens, stop = tokens[: i + 1], True
+                break
+        n = len(tokens)
+        fetched = {k: v.tolist() for k, v in cycle.reports.items()}
+        reports = build_reports(fetched, tokens, [i < kept for i in range(n)], self.stats.cycles)
+        # The caches hold the last settled token and g guesses; keep it and the n - 1 emitted guesses.
+        trim_cache(state.cache, cycle.g + 1 - n)
+        state.hidden = cycle.hidden[:, n - 1 : n]
+        state.tokens.extend(tokens)
+        state.generated += n
+        self._count(cycle.g, min(kept, n), n)
+        return reports, stop
+
+    def _count(self, g: int, kept: int, emitted: int) -> None:
+        s = self.stats
+        s.cycles += 1
+        s.drafted += g
+        s.kept += kept
+        s.generated_tokens += emitted
+        if len(s.kept_by_position) < g:
+            s.kept_by_position += [0] * (g - len(s.kept_by_position))
+        for i in range(kept):
+            s.kept_by_position[i] += 1

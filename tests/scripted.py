@@ -1,0 +1,37 @@
+"""Drafters with scripted acceptance, following mlx-spec's drafter protocol.
+
+They propose a known continuation (what the target will produce), optionally broken at a chosen
+draft position, so tests can make every cycle keep all guesses, none, or exactly j of them.
+"""
+
+import random
+
+import mlx.core as mx
+
+from mlx_spec.drafters import Draft, DraftContext
+
+
+class ScriptedDrafter:
+    """Proposes `reference[position + 1 : position + 1 + g]`, where `reference` is the whole
+    expected token sequence (prompt and output). `break_at=j` replaces guess j (0-based) with a
+    token that differs from the reference, so every cycle keeps exactly min(j, g) guesses.
+    `break_probability` breaks each guess independently instead (seeded)."""
+
+    def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0):
+        self.reference = list(reference)
+        self.vocab_size = vocab_size
+        self.break_at = break_at
+        self.break_probability = break_probability
+        self.rng = random.Random(seed)
+        self.calls = 0
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        self.calls += 1
+        start = context.position + 1
+        assert context.tokens == self.reference[:start], "drafter called on a state off the reference"
+        guesses = self.reference[start : start + g]
+        guesses += [0] * (g - len(guesses))
+        for i in range(g):
+            if i == self.break_at or self.rng.random() < self.break_probability:
+                guesses[i] = (guesses[i] + 1) % self.vocab_size
+        return Draft(mx.array(guesses, dtype=mx.int32))

@@ -1,0 +1,203 @@
+"""The speculative loop is exact: MTP on == MTP off == transformers, past the sliding window,
+with every guess kept, none kept, and every number in between."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+
+import tiny
+from mlx_spec import load
+from mlx_spec.decoder import SequenceState
+from mlx_spec.engine import Engine
+from mlx_spec.sampling import SettingsError
+from scripted import ScriptedDrafter
+
+LONG = 320  # tokens generated: many sliding windows (12) long
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    # No stop tokens: the random tiny model would end early; these tests want long outputs.
+    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return np.random.RandomState(0).randint(0, tiny.VOCAB, size=2 * tiny.WINDOW + 5).tolist()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints, prompt):
+    """transformers' greedy continuation: the ground truth."""
+    from transformers import Gemma4ForCausalLM
+
+    model = Gemma4ForCausalLM.from_pretrained(checkpoints["text"]).eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=LONG, do_sample=False)
+    assert out.shape[1] == len(prompt) + LONG
+    return out[0].tolist()
+
+
+def test_mtp_off_equals_transformers(engine, prompt, reference):
+    result = engine.generate(prompt, max_tokens=LONG, mtp=False)
+    assert result.tokens == reference[len(prompt) :]
+    assert result.stats.drafted == 0 and result.stats.cycles == LONG
+
+
+def test_mtp_assistant_equals_transformers(engine, prompt, reference):
+    result = engine.generate(prompt, max_tokens=LONG)
+    assert result.tokens == reference[len(prompt) :]
+    assert result.stats.drafted > 0
+
+
+def tokens_per_cycle(steps):
+    counts = {}
+    for step in steps:
+        counts[step.cycle] = counts.get(step.cycle, 0) + 1
+    return [counts[c] for c in sorted(counts)]
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 6, 8])
+def test_all_guesses_kept(engine, prompt, reference, g):
+    drafter = ScriptedDrafter(reference, tiny.VOCAB)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=g)
+    assert result.tokens == reference[len(prompt) :]
+    per_cycle = tokens_per_cycle(result.steps)
+    assert per_cycle[:-1] == [g + 1] * (len(per_cycle) - 1)  # the last one is cut by max_tokens
+    assert result.stats.kept == sum(s.drafted for s in result.steps) == LONG - len(per_cycle)
+
+
+@pytest.mark.parametrize("g, break_at", [(g, j) for g in range(1, 9) for j in range(g)])
+def test_guesses_break_at_every_position(engine, prompt, reference, g, break_at):
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_at=break_at)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=g, report=False)
+    assert result.tokens == reference[len(prompt) :]
+    per_cycle = tokens_per_cycle(result.steps)
+    assert per_cycle[:-1] == [break_at + 1] * (len(per_cycle) - 1)
+    assert result.stats.kept_by_position[break_at:] == [0] * (g - break_at)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_breaks_trim_every_amount_at_every_offset(engine, prompt, reference, seed):
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.2, seed=seed)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=7, report=False)
+    assert result.tokens == reference[len(prompt) :]
+    assert 0 < result.stats.kept < result.stats.drafted
+
+
+def test_stop_token_inside_a_kept_run(engine, prompt, reference):
+    output = reference[len(prompt) :]
+    # A token first seen mid-cycle: with g = 6 all kept, cycles emit output[7c : 7c + 7], and
+    # positions 7c + 6 are the target's bonus tokens, not guesses.
+    first = next(i for i in range(20, LONG) if output.index(output[i]) == i and i % 7 != 6)
+    stop = output[first]
+    stopping = Engine(engine.target, engine.assistant, engine.tokenizer, stop_tokens=[stop])
+    drafter = ScriptedDrafter(reference, tiny.VOCAB)
+    decoder = stopping.decoder(drafter=drafter, draft_tokens=6)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    steps = list(decoder.generate(state, LONG))
+    assert [s.token for s in steps] == output[: first + 1]
+    assert steps[-1].drafted  # the stop token was a kept guess, not the end of a cycle
+    # The caches hold everything but the stop token, which waits to be processed next.
+    assert state.cached == len(state.tokens) - 1
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 47, 100])
+def test_max_tokens_inside_a_kept_run(engine, prompt, reference, max_tokens):
+    drafter = ScriptedDrafter(reference, tiny.VOCAB)
+    decoder = engine.decoder(drafter=drafter, draft_tokens=6)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    tokens = [s.token for s in decoder.generate(state, max_tokens)]
+    assert tokens == reference[len(prompt) : len(prompt) + max_tokens]
+    assert state.cached == len(state.tokens) - 1
+    # The state continues exactly where it stopped.
+    more = [s.token for s in decoder.generate(state, 30)]
+    assert more == reference[len(prompt) + max_tokens : len(prompt) + max_tokens + 30]
+
+
+def test_one_host_sync_per_cycle(engine, prompt, monkeypatch):
+    evals = []
+    real_eval = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real_eval(*a))[1])
+    result = engine.generate(prompt, max_tokens=60, draft_tokens=6)
+    prefill_syncs = 1
+    assert result.stats.host_syncs == result.stats.cycles
+    assert len(evals) == result.stats.cycles + prefill_syncs
+
+
+def test_same_seed_same_tokens_with_and_without_mtp(engine, prompt):
+    settings = dict(temperature=1.0, top_k=64, top_p=0.95, seed=7)
+    off = engine.generate(prompt, max_tokens=LONG, mtp=False, **settings)
+    on = engine.generate(prompt, max_tokens=LONG, **settings)
+    assert on.tokens == off.tokens
+    scripted = ScriptedDrafter(prompt + off.tokens, tiny.VOCAB, break_probability=0.3)
+    broken = engine.generate(prompt, max_tokens=LONG, drafter=scripted, draft_tokens=5, **settings)
+    assert broken.tokens == off.tokens
+    assert broken.stats.kept > 0
+
+
+def test_reports(engine, prompt):
+    result = engine.generate(prompt, max_tokens=20, temperature=0.7, top_k=10, top_p=0.9, seed=1)
+    for step in result.steps:
+        assert 0 < step.prob <= 1 and step.rank >= 1
+        assert 0 < step.sampling_prob <= 1 and 1 <= step.candidates <= 10
+        assert len(step.top) == 5
+        assert [p for _, p, _ in step.top] == sorted((p for _, p, _ in step.top), reverse=True)
+        if step.rank <= 5:
+            assert step.top[step.rank - 1][0] == step.token
+        assert step.text is not None
+    greedy = engine.generate(prompt, max_tokens=5)
+    assert all(s.rank == 1 and s.sampling_prob == 1.0 and s.candidates == 1 for s in greedy.steps)
+    off = engine.generate(prompt, max_tokens=5, report=False)
+    assert all(s.prob is None and s.top == [] for s in off.steps)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-1), "top_k must be an integer >= 0"),
+        (dict(draft_tokens=-1), "draft tokens must be between 0 and 16"),
+        (dict(draft_tokens=17), "draft tokens must be between 0 and 16"),
+        (dict(max_tokens=-1), "max_tokens must be >= 0"),
+    ],
+)
+def test_impossible_settings(engine, prompt, settings, message):
+    with pytest.raises(SettingsError, match=message):
+        engine.generate(prompt, **settings)
+
+
+def test_prompt_errors(engine, checkpoints):
+    with pytest.raises(SettingsError, match="outside the vocabulary"):
+        engine.generate([1, 2, tiny.VOCAB + 5])
+    with pytest.raises(SettingsError, match="the prompt is empty"):
+        engine.generate([])
+    with pytest.raises(SettingsError, match="prompt too long"):
+        engine.generate([5] * 4000, max_tokens=200)
+    no_tokenizer = load(str(checkpoints["google"]), drafter=None)
+    with pytest.raises(SettingsError, match="needs a tokenizer"):
+        no_tokenizer.generate("hello")
+    assert len(no_tokenizer.generate([5, 6, 7], max_tokens=3, mtp=False).tokens) == 3
+
+
+def test_text_and_chat_prompts(engine):
+    text = engine.generate("Hello there", max_tokens=5)
+    chat = engine.generate([{"role": "user", "content": "Hello there"}], max_tokens=5)
+    assert len(text.tokens) == len(chat.tokens) == 5
+    assert isinstance(text.text, str)
+    rendered = engine.tokenizer.decode(engine.encode([{"role": "user", "content": "Hi"}]))
+    assert rendered.endswith("<|turn>model\n") and "<|turn>user\nHi<turn|>" in rendered
+
+
+def test_mtp_without_a_drafter(checkpoints):
+    no_drafter = load(str(checkpoints["text"]), drafter=None)
+    assert no_drafter.generate([5, 6, 7], max_tokens=4).stats.drafted == 0
+    with pytest.raises(SettingsError, match="MTP needs a drafter, and none was loaded"):
+        no_drafter.generate([5, 6, 7], mtp=True)
