@@ -3,7 +3,7 @@
 mlx-lm's ``RotatingKVCache`` stops being trimmable once it wraps (offset >= window), which is
 exactly when speculative decoding needs it most. This cache keeps its entries in temporal order
 in a buffer that holds the window plus a slack of ``max_trim`` positions, so the last
-``max_trim`` entries can always be dropped and every query still sees its full window. When the
+``max_trim`` positions can always be dropped and every query still sees its full window. When the
 buffer fills up, the entries still needed are moved to its front (one copy every ``step``
 tokens), so memory stays bounded however long the generation runs.
 
@@ -31,6 +31,7 @@ class SlidingWindowCache:
         self.draft_span = window + 1
         self.offset = 0  # positions written so far (the next position to write)
         self.start = 0  # absolute position held in buffer slot 0
+        self.furthest = 0  # the highest offset ever reached; trims may go max_trim below it
 
     def _oldest_needed(self) -> int:
         # After a trim of up to max_trim, the next query (and the drafter, which reads the
@@ -41,8 +42,8 @@ class SlidingWindowCache:
         keep_from = self._oldest_needed()
         kept = self.offset - keep_from
         need = kept + n_new
+        # Room for `step` more positions before the next move: one copy every `step` tokens.
         size = max(self.draft_span + self.max_trim + self.step, need)
-        size = -(-size // self.step) * self.step
         B, H, _, Dk = like_k.shape
         new_k = mx.zeros((B, H, size, Dk), like_k.dtype)
         new_v = mx.zeros((B, H, size, like_v.shape[3]), like_v.dtype)
@@ -62,6 +63,7 @@ class SlidingWindowCache:
         self.values[..., i : i + n_new, :] = values
         first = self._first_visible(self.offset) - self.start
         self.offset += n_new
+        self.furthest = max(self.furthest, self.offset)
         end = self.offset - self.start
         return self.keys[..., first:end, :], self.values[..., first:end, :]
 
@@ -101,14 +103,15 @@ class SlidingWindowCache:
         return True
 
     def trim(self, n: int) -> int:
-        """Drop the newest `n` positions (at most `max_trim` since the last append)."""
+        """Drop the newest `n` positions. The offset may go back to `max_trim` positions below
+        the furthest one ever written, at any offset."""
         n = min(n, self.offset)
-        new_offset = self.offset - n
-        if new_offset - self.start < min(self.draft_span, new_offset):
+        if self.offset - n < self.furthest - self.max_trim:
             raise ValueError(
-                f"cannot trim {n} positions: only {self.max_trim} are guaranteed to be trimmable"
+                f"cannot trim {n} positions at offset {self.offset}: at most {self.max_trim} "
+                f"below the furthest position written ({self.furthest})"
             )
-        self.offset = new_offset
+        self.offset -= n
         return n
 
     def size(self) -> int:

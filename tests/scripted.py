@@ -15,9 +15,12 @@ class ScriptedDrafter:
     """Proposes `reference[position + 1 : position + 1 + g]`, where `reference` is the whole
     expected token sequence (prompt and output). `break_at=j` replaces guess j (0-based) with a
     token that differs from the reference, so every cycle keeps exactly min(j, g) guesses.
-    `break_probability` breaks each guess independently instead (seeded)."""
+    `break_probability` breaks each guess independently instead (seeded).
+    strict=False lets the history leave the reference (sampling): guesses are then read at the
+    same position of the reference, and padded with token 0 past its end."""
 
-    def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0):
+    def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0, strict=True):
+        self.strict = strict
         self.reference = list(reference)
         self.vocab_size = vocab_size
         self.break_at = break_at
@@ -28,10 +31,11 @@ class ScriptedDrafter:
     def draft(self, context: DraftContext, g: int) -> Draft:
         self.calls += 1
         start = context.position + 1
-        assert context.tokens == self.reference[:start], "drafter called on a state off the reference"
+        if self.strict:
+            assert context.tokens == self.reference[:start], "drafter called on a state off the reference"
         guesses = self.reference[start : start + g]
         guesses += [0] * (g - len(guesses))
         for i in range(g):
-            if i == self.break_at or self.rng.random() < self.break_probability:
+            if i == self.break_at or self.break_probability and self.rng.random() < self.break_probability:
                 guesses[i] = (guesses[i] + 1) % self.vocab_size
         return Draft(mx.array(guesses, dtype=mx.int32))
