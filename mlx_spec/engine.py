@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .assistant import Assistant
+from .chat import ChatSession, parse_tool_calls
 from .decoder import Decoder, SequenceState, Stats
 from .drafters import Drafter, MTPDrafter
 from .loading import (
@@ -81,6 +82,8 @@ class Engine:
         return self.tokenizer
 
     def decode(self, tokens: List[int]) -> str:
+        """Text of generated tokens: stop tokens left out, other special tokens (such as the
+        tool-call markers) kept."""
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode([t for t in tokens if t not in self.stop_tokens])
@@ -160,9 +163,18 @@ class Engine:
             draft_tokens=draft_tokens, drafter=drafter, report=report,
         )
         steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, decoder=decoder))
+        return self.result(steps, decoder.stats)
+
+    def result(self, steps: List[TokenReport], stats: Stats) -> GenerationResult:
+        """The result of a finished generation from its reports."""
         tokens = [s.token for s in steps]
         finish = "stop" if tokens and tokens[-1] in self.stop_tokens else "length"
-        return GenerationResult(tokens, self.decode(tokens), steps, decoder.stats, finish)
+        text = self.decode(tokens)
+        return GenerationResult(tokens, text, steps, stats, finish, parse_tool_calls(text))
+
+    def chat(self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None, **settings) -> ChatSession:
+        """A multi-turn session that keeps the caches between turns (settings as `generate`)."""
+        return ChatSession(self, system_prompt=system_prompt, tools=tools, **settings)
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole)."""

@@ -1,0 +1,244 @@
+"""The `mlx-spec` command: `chat` and `generate`, with mlx-lm's flag spellings."""
+
+import json
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from typing import List, Optional
+
+import click
+
+from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, LoadError
+from .sampling import SamplingSettings, SettingsError
+
+HELP = """Commands: /reset (forget the conversation), /stats (session figures),
+/mtp on|off (drafting), /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
+
+
+def model_options(f):
+    options = [
+        click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target: hub id or folder."),
+        click.option("--drafter", default=DEFAULT_DRAFTER, show_default=True, help="MTP drafter: hub id or folder."),
+        click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter."),
+        click.option("--no-mtp", is_flag=True, help="Decode with the target alone (no drafter is loaded)."),
+        click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: the drafter's, 6]."),
+        click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Top-k; 0 turns it off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p; 1 turns it off."),
+        click.option("--seed", type=int, default=None, help="Random seed."),
+        click.option("--max-tokens", "-m", type=int, default=512, show_default=True, help="Tokens per answer."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens) -> None:
+    """Fail on impossible values before spending time on loading models."""
+    SamplingSettings(temp, top_k, top_p, seed)
+    if draft_tokens is not None and draft_tokens < 0:
+        raise SettingsError(f"--draft-tokens must be >= 0, got {draft_tokens}")
+    if max_tokens < 1:
+        raise SettingsError(f"--max-tokens must be >= 1, got {max_tokens}")
+
+
+def load_engine(model, drafter, drafter_bits, no_mtp):
+    from .engine import load
+
+    bits = int(drafter_bits) if drafter_bits else None
+    return load(model, None if no_mtp else drafter, bits)
+
+
+def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp) -> dict:
+    return dict(temperature=temp, top_k=top_k, top_p=top_p, seed=seed, draft_tokens=draft_tokens, mtp=not no_mtp)
+
+
+@click.group()
+@click.version_option(package_name="mlx-spec")
+def cli():
+    """Exact speculative decoding for Gemma 4 with its MTP drafter, in MLX."""
+
+
+@cli.command()
+@model_options
+@click.option("--system-prompt", default=None, help="System prompt for the conversation.")
+@click.option("--show-probs", is_flag=True, help="Colour tokens by probability; underline kept guesses.")
+def chat(model, drafter, drafter_bits, no_mtp, draft_tokens, temp, top_k, top_p, seed, max_tokens, system_prompt, show_probs):
+    """Chat with Gemma 4; the KV cache is kept across turns."""
+    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    engine = load_engine(model, drafter, drafter_bits, no_mtp)
+    session = engine.chat(
+        system_prompt=system_prompt, max_tokens=max_tokens,
+        **decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp),
+    )
+    interactive = sys.stdin.isatty()
+    printer = TokenPrinter(show_probs, sys.stdout.isatty())
+    totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
+    if interactive:
+        click.echo(f"mlx-spec chat: {engine.target_path.name}" + (f" + {engine.drafter_path.name}" if engine.drafter_path else ""))
+        click.echo(HELP)
+    while True:
+        line = read_line(interactive)
+        if line is None or line.strip() in ("/quit", "/exit", "/q"):
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            run_command(line, session, totals, engine)
+            continue
+        with interruptible() as stopped:
+            try:
+                for report in session.send(line, should_stop=lambda: stopped[0]):
+                    printer.print(report)
+            except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
+                click.echo(f"[{e}; /reset starts over]")
+                continue
+        click.echo()
+        stats = session.last_stats
+        totals["turns"] += 1
+        totals["tokens"] += stats.generated_tokens
+        totals["drafted"] += stats.drafted
+        totals["kept"] += stats.kept
+        if stopped[0]:
+            click.echo("[stopped]")
+        click.echo(stats_line(stats))
+
+
+def read_line(interactive: bool) -> Optional[str]:
+    while True:
+        try:
+            if interactive:
+                return input(">> ")
+            line = sys.stdin.readline()
+            return line if line else None
+        except EOFError:
+            return None
+        except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
+            click.echo()
+
+
+def run_command(line: str, session, totals: dict, engine) -> None:
+    parts = line.split()
+    name = parts[0]
+    if name == "/reset":
+        session.reset()
+        click.echo("[conversation cleared]")
+    elif name == "/stats":
+        kept = f"{totals['kept']}/{totals['drafted']}"
+        click.echo(
+            f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
+            f"{session.state.cached} positions cached, mtp {'on' if session.settings.get('mtp') else 'off'}]"
+        )
+    elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
+        if parts[1] == "on" and engine.assistant is None:
+            click.echo("[no drafter loaded: start without --no-mtp to draft]")
+            return
+        session.set(mtp=parts[1] == "on")
+        click.echo(f"[mtp {parts[1]}]")
+    elif name == "/help":
+        click.echo(HELP)
+    else:
+        click.echo(f"[unknown command {line!r}; /help lists them]")
+
+
+@contextmanager
+def interruptible():
+    """While answering, Ctrl-C asks the answer to stop after the current token (the caches stay
+    consistent) instead of raising in the middle of a cycle."""
+    stopped = [False]
+
+    def handler(signum, frame):
+        stopped[0] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stats_line(stats) -> str:
+    kept = f"guesses kept {stats.kept}/{stats.drafted}" if stats.drafted else "no drafting"
+    gb = stats.peak_memory_gb
+    memory = f"{gb:.2f} GB" if gb >= 1 else f"{gb * 1000:.0f} MB"
+    return (
+        f"[{stats.generated_tokens} tokens, {stats.generation_tps:.1f} tok/s, "
+        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tps:.1f} tok/s, {kept}, "
+        f"peak memory {memory}]"
+    )
+
+
+class TokenPrinter:
+    """Prints tokens as they settle. With --show-probs: in a terminal, colour by probability
+    (green likely, yellow unsure, red unlikely) and underline kept guesses; when piped, plain
+    text with [probability%, * for a kept guess] after each token."""
+
+    def __init__(self, show_probs: bool, terminal: bool):
+        self.show_probs, self.terminal = show_probs, terminal
+
+    def print(self, report) -> None:
+        text = report.text or ""
+        if self.show_probs and report.prob is not None and text:
+            if self.terminal:
+                colour = "green" if report.prob >= 0.8 else "yellow" if report.prob >= 0.3 else "red"
+                text = click.style(text, fg=colour, underline=report.drafted)
+            else:
+                text = f"{text}[{100 * report.prob:.0f}%{'*' if report.drafted else ''}]"
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+
+
+@cli.command()
+@model_options
+@click.option("--prompt", "-p", default=None, help="The prompt; '-' or none reads standard input.")
+@click.option("--system-prompt", default=None, help="System prompt.")
+@click.option("--raw", is_flag=True, help="Send the prompt as plain text, without the chat template.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per token, then a stats line.")
+def generate(model, drafter, drafter_bits, no_mtp, draft_tokens, temp, top_k, top_p, seed, max_tokens, prompt, system_prompt, raw, as_json):
+    """Answer one prompt."""
+    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    if prompt is None or prompt == "-":
+        prompt = sys.stdin.read()
+    engine = load_engine(model, drafter, drafter_bits, no_mtp)
+    messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    request = prompt if raw else messages + [{"role": "user", "content": prompt}]
+    decoder = engine.decoder(**decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp))
+    steps = []
+    for report in engine.stream(request, max_tokens=max_tokens, decoder=decoder):
+        steps.append(report)
+        if as_json:
+            click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+        else:
+            click.echo(report.text or "", nl=False)
+    result = engine.result(steps, decoder.stats)
+    if as_json:
+        summary = {
+            "stats": result.stats.to_dict(), "text": result.text,
+            "finish_reason": result.finish_reason, "tool_calls": result.tool_calls,
+        }
+        click.echo(json.dumps(summary, ensure_ascii=False))
+    else:
+        click.echo()
+        click.echo(stats_line(result.stats), err=True)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point: problems become one line on standard error and a non-zero exit."""
+    try:
+        cli.main(args=argv, prog_name="mlx-spec", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.UsageError as e:
+        click.echo(f"mlx-spec: {e.format_message()}", err=True)
+        sys.exit(2)
+    except (LoadError, SettingsError) as e:
+        click.echo(f"mlx-spec: {e}", err=True)
+        sys.exit(1)
+    except BrokenPipeError:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""`mlx-spec chat` and `mlx-spec generate` as real subprocesses on the tiny checkpoints."""
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlx_spec import load
+
+STATS = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s, (.*), peak memory .*\]$", re.M)
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+
+
+def command(checkpoints, *args):
+    return [sys.executable, "-m", "mlx_spec.cli", *args[:1], "--model", str(checkpoints["text"]),
+            "--drafter", str(checkpoints["assistant"]), *args[1:]]
+
+
+def run(argv, stdin="", timeout=120):
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def answers_and_stats(stdout):
+    """Split chat output into (answer text, stats groups) per turn."""
+    turns, last = [], 0
+    for m in STATS.finditer(stdout):
+        turns.append((stdout[last : m.start()], m.groups()))
+        last = m.end() + 1
+    return turns
+
+
+def test_chat_session_through_stdin(checkpoints):
+    script = "\n".join(["Hello there", "Tell me more", "/stats", "/reset", "/mtp off", "Hello there", "/stats", "/quit", ""])
+    out = run(command(checkpoints, "chat", "--max-tokens", "30"), script)
+    assert out.returncode == 0, out.stderr
+    turns = answers_and_stats(out.stdout)
+    assert len(turns) == 3
+    (first, s1), (second, s2), (third, s3) = turns
+    assert "guesses kept" in s1[2] and s3[2] == "no drafting"
+    # The second turn went through the target alone: far fewer prompt tokens than the whole
+    # conversation (first prompt + first answer + second message).
+    assert int(s2[1]) < int(s1[1]) + int(s1[0])
+    # After /reset, the same question with MTP off gives the same greedy answer.
+    assert third.startswith("[session: 2 turns") and third.endswith("[mtp off]\n" + first)
+    assert len(first.strip()) > 0
+    assert "[conversation cleared]" in out.stdout and "[mtp off]" in out.stdout
+    assert re.search(r"\[session: 2 turns, \d+ tokens, guesses kept \d+/\d+, \d+ positions cached, mtp on\]", out.stdout)
+    assert re.search(r"\[session: 3 turns, .* 0 positions cached|\[session: 3 turns, .* mtp off\]", out.stdout)
+
+
+def long_answer_prompt(checkpoints):
+    """A question the tiny model answers for more than 1,500 tokens (greedy, deterministic)."""
+    engine = load(str(checkpoints["text"]), drafter=None)
+    for question in ["What time is it?", "Hello there", "Tell me a story", "Why?", "Hi"]:
+        result = engine.generate([{"role": "user", "content": question}], max_tokens=1500, report=False)
+        if result.finish_reason == "length":
+            return question
+    pytest.fail("no candidate question gives the tiny model a long answer")
+
+
+def test_ctrl_c_stops_the_answer_and_the_session_goes_on(checkpoints):
+    question = long_answer_prompt(checkpoints)
+    proc = subprocess.Popen(
+        command(checkpoints, "chat", "--max-tokens", "3000"), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+    )
+    try:
+        proc.stdin.write(f"{question}\n".encode())
+        proc.stdin.flush()
+        output = read_until(proc, lambda b: len(b) > 40, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        output += read_until(proc, lambda b: b"[stopped]" in b and STATS.search(b.decode(errors="replace")), timeout=60, seen=output)
+        proc.stdin.write(b"Hi\n/quit\n")
+        proc.stdin.flush()
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    turns = answers_and_stats((output + rest).decode())
+    assert len(turns) == 2 and turns[0][0].endswith("\n[stopped]\n")
+    interrupted = int(turns[0][1][0])
+    assert 0 < interrupted < 1500
+    # The next turn is answered as a session stopped at the same token answers it in-process.
+    session = load(str(checkpoints["text"]), str(checkpoints["assistant"])).chat(max_tokens=3000)
+    assert len(list(session.send(question, max_tokens=interrupted))) == interrupted
+    assert turns[1][0] == "".join(r.text for r in session.send("Hi")) + "\n"
+
+
+def read_until(proc, done, timeout, seen=b""):
+    data, deadline = b"", time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            data += chunk
+            if done(seen + data):
+                return data
+    raise AssertionError(f"timed out; output so far: {(seen + data)[-500:]!r}")
+
+
+def test_generate_json_lines(checkpoints):
+    out = run(command(checkpoints, "generate", "--prompt", "Hello", "--max-tokens", "12", "--json", "--temp", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "3"))
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    tokens, summary = lines[:-1], lines[-1]
+    assert 1 <= len(tokens) <= 12
+    for t in tokens:
+        assert set(t) == {"token", "text", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
+        assert len(t["top"]) == 5 and set(t["top"][0]) == {"id", "prob", "text"}
+        assert 1 <= t["candidates"] <= 20
+    assert set(summary) == {"stats", "text", "finish_reason", "tool_calls"}
+    assert summary["stats"]["generated_tokens"] == len(tokens)
+    assert summary["stats"]["host_syncs"] == summary["stats"]["cycles"]
+
+
+def test_generate_reads_stdin_and_mtp_matches_no_mtp(checkpoints):
+    a = run(command(checkpoints, "generate", "--max-tokens", "20"), "Hello there")
+    b = run(command(checkpoints, "generate", "--max-tokens", "20", "--no-mtp"), "Hello there")
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and a.stdout.strip()
+    assert "guesses kept" in a.stderr and "no drafting" in b.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temp", "-1"], "temperature must be >= 0, got -1.0"),
+        (["--top-p", "1.5"], r"top_p must be in \(0, 1\], got 1.5"),
+        (["--top-k", "-3"], "top_k must be an integer >= 0"),
+        (["--draft-tokens", "-2"], "--draft-tokens must be >= 0, got -2"),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+        (["--bogus"], "No such option: --bogus|No such option '--bogus'"),
+        (["--temp", "hot"], "'hot' is not a valid float"),
+    ],
+)
+def test_bad_values_exit_with_one_line(checkpoints, args, message):
+    out = run(command(checkpoints, "chat", *args), "")
+    assert out.returncode != 0
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert re.search(message, out.stderr)
+
+
+def test_missing_model_folder(tmp_path):
+    out = run([sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(tmp_path / "none")], "")
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"mlx-spec: target {tmp_path / 'none'}: no such folder"
+
+
+def test_unknown_command(checkpoints):
+    out = run(command(checkpoints, "chat", "--max-tokens", "3"), "/frobnicate\n/help\n/mtp maybe\n")
+    assert out.returncode == 0
+    assert "[unknown command '/frobnicate'; /help lists them]" in out.stdout
+    assert "/reset (forget the conversation)" in out.stdout
+    assert "[unknown command '/mtp maybe'" in out.stdout
