@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import click
 
+from .decoder import MAX_DRAFT_TOKENS
 from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, LoadError
 from .sampling import SamplingSettings, SettingsError
 
@@ -37,8 +38,8 @@ def model_options(f):
 def check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens) -> None:
     """Fail on impossible values before spending time on loading models."""
     SamplingSettings(temp, top_k, top_p, seed)
-    if draft_tokens is not None and draft_tokens < 0:
-        raise SettingsError(f"--draft-tokens must be >= 0, got {draft_tokens}")
+    if draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise SettingsError(f"--draft-tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
     if max_tokens < 1:
         raise SettingsError(f"--max-tokens must be >= 1, got {max_tokens}")
 

@@ -58,7 +58,8 @@ class SequenceState:
     yet in the caches), and the target's hidden state at the last cached position."""
 
     def __init__(self, target: Target):
-        self.cache = target.make_cache(max_trim=MAX_DRAFT_TOKENS + 1)
+        # An early stop takes back a settled cycle and a queued one: up to 2 (g + 1) positions.
+        self.cache = target.make_cache(max_trim=2 * (MAX_DRAFT_TOKENS + 1))
         self.tokens: List[int] = []
         self.hidden: Optional[mx.array] = None
         self.generated = 0  # tokens generated so far, the index of the next uniform
@@ -80,6 +81,19 @@ class _Cycle:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
 
 
+class _Pending:
+    """A settled cycle's reports, handed to the caller one by one (counting how many went)."""
+
+    def __init__(self, reports=(), hidden_before=None, hidden=None):
+        self.reports, self.hidden_before, self.hidden = list(reports), hidden_before, hidden
+        self.sent = 0
+
+    def hand_over(self):
+        for report in self.reports[self.sent :]:
+            self.sent += 1
+            yield report
+
+
 class Decoder:
     def __init__(
         self,
@@ -91,7 +105,7 @@ class Decoder:
         stop_tokens: Sequence[int] = (),
         prefill_chunk: int = 512,
     ):
-        if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        if drafter is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if drafter is not None and not isinstance(drafter, Drafter):
             raise SettingsError(f"drafter {drafter!r} has no draft(context, g) method")
@@ -136,36 +150,62 @@ class Decoder:
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
         start = time.perf_counter()
-        produced, pending, in_flight = 0, None, None
+        produced, pending, in_flight = 0, _Pending(), None
         try:
             while produced < max_tokens:
-                in_flight = self._build_cycle(state, min(self.draft_tokens, max_tokens - produced - 1))
+                in_flight = in_flight or self._build_cycle(state, min(self.draft_tokens, max_tokens - produced - 1))
                 mx.async_eval(in_flight.arrays())
-                if pending:  # hand over the previous cycle while the device works on this one
-                    yield from pending
-                pending, stop = self._settle(state, in_flight, max_tokens - produced)
-                in_flight = None
-                produced += len(pending)
+                ahead = None
+                if self.draft_tokens == 0 and produced + 1 < max_tokens:
+                    # Without drafts the next input is this cycle's token, known to the device:
+                    # queue the next pass before this one's sync, as mlx-lm's loop does.
+                    ahead = self._build_cycle(state, 0, last=in_flight.tokens[None, :1], t0=state.generated + 1)
+                    mx.async_eval(ahead.arrays())
+                yield from pending.hand_over()  # while the device works on this cycle
+                current, in_flight = in_flight, ahead
+                hidden_before = state.hidden
+                reports, stop = self._settle(state, current, max_tokens - produced)
+                pending = _Pending(reports, hidden_before, current.hidden)
+                produced += len(reports)
                 if stop:
                     break
-            if pending:
-                yield from pending
+            yield from pending.hand_over()
         finally:
-            if in_flight is not None:
-                # The caller stopped early: forget the cycle it never received.
-                trim_cache(state.cache, in_flight.g + 1)
+            # However it ends (done, a stop, the caller leaving early, an error), the state must
+            # hold exactly the tokens handed over: drop the rest, and every queued position.
+            self._unsettle(state, pending)
+            excess = state.cached - (len(state.tokens) - 1)
+            if excess > 0:
+                trim_cache(state.cache, excess)
             self.stats.generation_seconds += time.perf_counter() - start
             self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
-    def _build_cycle(self, state: SequenceState, g: int) -> _Cycle:
+    def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:
+        """Take back the settled tokens that were never handed over."""
+        unsent = len(pending.reports) - pending.sent
+        if unsent <= 0:
+            return
+        kept = pending.sent
+        del state.tokens[-unsent:]
+        state.generated -= unsent
+        state.hidden = pending.hidden_before if kept == 0 else pending.hidden[:, kept - 1 : kept]
+        self.stats.generated_tokens -= unsent
+
+    def _build_cycle(self, state: SequenceState, g: int, last: Optional[mx.array] = None, t0: Optional[int] = None) -> _Cycle:
+        """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report.
+
+        last: the input token [1, 1] when it is still on the device (default: the last settled
+        token); t0: the output index of the cycle's first token (default: the next one).
+        """
         if state.hidden is None:
             g = 0  # nothing in the caches yet for a drafter to read
-        last = mx.array([state.tokens[-1:]], dtype=mx.int32)
+        if last is None:
+            last = mx.array([state.tokens[-1:]], dtype=mx.int32)
+        t0 = state.generated if t0 is None else t0
         draft = self._draft(state, last, g) if g > 0 else Draft(mx.zeros((0,), mx.int32))
         inputs = mx.concatenate([last, draft.tokens[None]], axis=1)
         logits, hidden = self.target(inputs, state.cache)
         dist = distribution(logits[0], self.settings)
-        t0 = state.generated
         if draft.q is None:
             kept, tokens = accept_by_match(dist, draft.tokens, self.uniforms["target"].take(t0, g + 1))
         else:
@@ -173,7 +213,7 @@ class Decoder:
                 dist,
                 draft.tokens,
                 draft.q,
-                self.uniforms["accept"].take(t0, g),
+                self.uniforms["accept"].take(t0, g)[:, 0],
                 self.uniforms["residual"].take(t0, g),
                 self.uniforms["target"].take(t0 + g, 1)[0],
             )
@@ -190,8 +230,10 @@ class Decoder:
             uniforms=self.uniforms["draft"].take(state.generated, g),
         )
         draft = self.drafter.draft(context, g)
-        if draft.tokens.shape != (g,):
-            raise SettingsError(f"drafter returned guesses of shape {draft.tokens.shape}, expected ({g},)")
+        if draft.tokens.shape != (g,) or not mx.issubdtype(draft.tokens.dtype, mx.integer):
+            raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected ({g},) integers")
+        if draft.q is not None and draft.q.shape != (g, self.target.vocab_size):
+            raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({g}, {self.target.vocab_size})")
         return draft
 
     def _settle(self, state: SequenceState, cycle: _Cycle, budget: int):

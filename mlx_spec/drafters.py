@@ -27,7 +27,7 @@ class DraftContext:
     hidden: mx.array  # [1, 1, H], the target's final hidden state at the position before it
     shared_kv: Dict[str, Tuple[mx.array, mx.array]]  # the target's K/V (see Target.drafter_kv)
     settings: SamplingSettings
-    uniforms: mx.array  # [g], for drafters that sample
+    uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
 
     @property
     def position(self) -> int:

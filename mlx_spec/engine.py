@@ -3,6 +3,7 @@
 Data flows one way: Engine -> Decoder -> (drafter, target, caches, sampling).
 """
 
+import numbers
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -68,12 +69,12 @@ class Engine:
         template (with a generation prompt)."""
         if isinstance(prompt, str):
             return list(self._require_tokenizer("a text prompt").encode(prompt))
-        prompt = list(prompt)
+        prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if prompt and all(isinstance(m, dict) for m in prompt):
             tokenizer = self._require_tokenizer("chat messages")
             return list(tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True))
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return prompt
+        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            return [int(t) for t in prompt]
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
 
     def _require_tokenizer(self, what: str):

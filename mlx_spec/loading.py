@@ -95,6 +95,9 @@ def read_checkpoint(path: Path, what: str) -> Checkpoint:
     config = _read_json(config_file, what)
     generation = path / "generation_config.json"
     generation_config = _read_json(generation, what) if generation.is_file() else {}
+    for name, value in (("config.json", config), ("generation_config.json", generation_config)):
+        if not isinstance(value, dict):
+            raise LoadError(f"{what} {path}: {name} is not a JSON object")
     if not weight_files(path):
         raise LoadError(f"{what} {path}: no weights (model*.safetensors)")
     return Checkpoint(path, config, generation_config)
@@ -170,6 +173,8 @@ def load_drafter(path_or_repo: str, quantize_bits: Optional[int] = None) -> Tupl
     ckpt = read_checkpoint(path, "drafter")
     _check_type(ckpt, "drafter", DRAFTER_TYPES)
     config = dict(ckpt.config)
+    if not isinstance(config.get("text_config"), dict):
+        raise LoadError(f"drafter {path}: config.json has no text_config")
     config["text_config"] = _normalize_text_config(config["text_config"])
     assistant = Assistant(AssistantConfig.from_dict(config, ckpt.generation_config))
     weights = {}

@@ -17,6 +17,7 @@ Acceptance rules (DESIGN.md section 4), both exact:
   kept the bonus token is the target's own draw (Leviathan et al., 2023).
 """
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -38,10 +39,15 @@ class SamplingSettings:
     def __post_init__(self):
         if not self.temperature >= 0:
             raise SettingsError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_integer(self.top_k) or self.top_k < 0:
             raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise SettingsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (not _is_integer(self.seed) or not 0 <= self.seed < 2**64):
+            raise SettingsError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        object.__setattr__(self, "top_k", int(self.top_k))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +63,10 @@ class SamplingSettings:
         return cls(temperature, top_k, top_p, seed)
 
 
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass
 class Distribution:
     """The sampling distribution at each position, as a sorted candidate list.
@@ -70,10 +80,8 @@ class Distribution:
     count: mx.array
 
     def sample(self, uniforms: mx.array) -> mx.array:
-        """Inverse-CDF draw of one token per position from uniforms in [0, 1)."""
-        cdf = mx.cumsum(self.probs, axis=-1)
-        index = (cdf <= uniforms[..., None]).sum(axis=-1)
-        index = mx.minimum(index, self.count - 1)  # guards against cdf rounding below one
+        """One token per position; uniforms [..., 2] in [0, 1) (see `inverse_cdf`)."""
+        index = inverse_cdf(self.probs, uniforms)
         return mx.take_along_axis(self.ids, index[..., None], axis=-1)[..., 0]
 
     def prob_of(self, tokens: mx.array) -> mx.array:
@@ -102,11 +110,13 @@ def distribution(logits: mx.array, settings: SamplingSettings) -> Distribution:
         ids, values = mx.broadcast_to(mx.arange(vocab), scaled.shape), scaled
     order = mx.argsort(-values, axis=-1)
     ids = mx.take_along_axis(ids, order, axis=-1)
-    probs = mx.softmax(mx.take_along_axis(values, order, axis=-1), axis=-1)
+    values = mx.take_along_axis(values, order, axis=-1)
+    weights = mx.exp(values - values[..., :1])
+    probs = weights / ascending_total(weights)[..., None]
     if settings.top_p < 1.0:
         mass_before = mx.cumsum(probs, axis=-1) - probs
         probs = mx.where(mass_before < settings.top_p, probs, 0)
-        probs = probs / probs.sum(axis=-1, keepdims=True)
+        probs = probs / ascending_total(probs)[..., None]
     count = (probs > 0).sum(axis=-1).astype(mx.int32)
     return Distribution(ids.astype(mx.int32), probs, count)
 
@@ -136,7 +146,7 @@ def accept_by_ratio(
     a draw from the residual normalise(max(p - q, 0)).
 
     draft_probs: q over the whole vocabulary at each guess [..., g, V].
-    accept_uniforms, residual_uniforms: [..., g]; bonus_uniform: [...].
+    accept_uniforms: [..., g]; residual_uniforms: [..., g, 2]; bonus_uniform: [..., 2].
     Returns (kept [...], tokens [..., g + 1]) as `accept_by_match` does.
     """
     g = guesses.shape[-1]
@@ -148,7 +158,9 @@ def accept_by_ratio(
     # u < p/q, written without the division; q(x) > 0 because x was drawn from q.
     keep = accept_uniforms * q_x < p_x
     residual = mx.maximum(p_draft - draft_probs, 0)
-    corrections = _sample_dense(residual, residual_uniforms)
+    # When rounding leaves q >= p everywhere the residual is empty; p itself is then the answer.
+    empty = residual.sum(axis=-1, keepdims=True) <= 0
+    corrections = inverse_cdf(mx.where(empty, p_draft, residual), residual_uniforms)
     last = Distribution(target.ids[..., g, :], target.probs[..., g, :], target.count[..., g])
     bonus = last.sample(bonus_uniform)
     kept = _leading_true(keep)
@@ -157,12 +169,51 @@ def accept_by_ratio(
     return kept, tokens
 
 
-def _sample_dense(weights: mx.array, uniforms: mx.array) -> mx.array:
-    """Inverse-CDF draw from unnormalised non-negative weights [..., V], in token-id order."""
+BLOCK = 256
+
+
+def ascending_total(sorted_weights: mx.array) -> mx.array:
+    """Sum over the last axis of weights sorted from large to small, added small to large in
+    blocks, so that a long tail of tiny weights is not lost in float32 (softmax's own sum
+    drops 262,143 weights of 2e-9 next to one of 1)."""
+
+    def small_first(x):
+        return mx.cumsum(x[..., ::-1], axis=-1)[..., -1]
+
+    size = sorted_weights.shape[-1]
+    if size <= BLOCK:
+        return small_first(sorted_weights)
+    pad = -size % BLOCK
+    if pad:
+        sorted_weights = mx.pad(sorted_weights, [(0, 0)] * (sorted_weights.ndim - 1) + [(0, pad)])
+    return small_first(small_first(sorted_weights.reshape(*sorted_weights.shape[:-1], -1, BLOCK)))
+
+
+def inverse_cdf(weights: mx.array, uniforms: mx.array) -> mx.array:
+    """Index drawn in proportion to non-negative `weights` [..., C] (unnormalised is fine).
+
+    Two levels, each with its own uniform (uniforms [..., 2]): first a block of BLOCK entries by
+    the blocks' total weights, then an entry inside it. A single float32 cumulative sum over a
+    262144-token vocabulary cannot resolve the tail (tokens below float32's step near 1.0
+    would never be drawn); over at most BLOCK or C / BLOCK entries it can.
+    """
+    size = weights.shape[-1]
+    if size <= BLOCK:
+        return _pick(weights, uniforms[..., 0])
+    pad = -size % BLOCK
+    if pad:
+        weights = mx.pad(weights, [(0, 0)] * (weights.ndim - 1) + [(0, pad)])
+    blocks = weights.reshape(*weights.shape[:-1], -1, BLOCK)
+    block = _pick(blocks.sum(axis=-1), uniforms[..., 0])
+    inside = mx.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
+    return block * BLOCK + _pick(inside, uniforms[..., 1])
+
+
+def _pick(weights: mx.array, u: mx.array) -> mx.array:
+    """First index whose cumulative weight exceeds u * total; always one with weight > 0."""
     cdf = mx.cumsum(weights, axis=-1)
-    total = cdf[..., -1:]
-    index = (cdf <= uniforms[..., None] * total).sum(axis=-1)
-    # Rounding can push the index past the last token with weight: take the last one that has it.
+    index = (cdf <= u[..., None] * cdf[..., -1:]).sum(axis=-1)
+    # u * total can round up to the total: fall back to the last entry with weight.
     last_nonzero = weights.shape[-1] - 1 - mx.argmax((weights > 0)[..., ::-1], axis=-1)
     return mx.minimum(index, last_nonzero).astype(mx.int32)
 
@@ -175,7 +226,7 @@ def _leading_true(flags: mx.array) -> mx.array:
 
 
 class UniformStream:
-    """Uniforms in [0, 1) indexed by output position, drawn in blocks from one key.
+    """Pairs of uniforms in [0, 1) indexed by output position, drawn in blocks from one key.
 
     Indexing by position (not by draw order) is what makes the match rule give the same tokens
     with and without drafting for the same seed.
@@ -188,11 +239,12 @@ class UniformStream:
         self._blocks = []
 
     def take(self, start: int, n: int) -> mx.array:
+        """Uniforms [n, 2] for output positions start .. start + n - 1."""
         if n == 0:
-            return mx.zeros((0,))
+            return mx.zeros((0, 2))
         while start + n > len(self._blocks) * self.block:
             self._key, sub = mx.random.split(self._key)
-            self._blocks.append(mx.random.uniform(shape=(self.block,), key=sub))
+            self._blocks.append(mx.random.uniform(shape=(self.block, 2), key=sub))
         first, last = start // self.block, (start + n - 1) // self.block
         joined = mx.concatenate(self._blocks[first : last + 1]) if last > first else self._blocks[first]
         offset = start - first * self.block

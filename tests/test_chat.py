@@ -70,8 +70,10 @@ def test_stopping_mid_answer_keeps_the_session_consistent(engine):
         count += 1
     assert count == 7
     assert session.state.cached == len(session.state.tokens) - 1
+    assert len(session.state.tokens) == len(engine.encode(session.messages[:-1])) + 7
     assert session.messages[-1]["role"] == "assistant"
     second = [r.token for r in session.send("Go on")]
+    assert session.restarts == 0  # the history the session holds is what the caller saw
     prompt = session.state.tokens[: len(session.state.tokens) - len(second)]
     assert engine.generate(prompt, max_tokens=40).tokens == second
 

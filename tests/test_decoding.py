@@ -149,11 +149,12 @@ def test_max_tokens_inside_a_kept_run(engine, prompt, reference, max_tokens):
     assert more == reference[len(prompt) + max_tokens : len(prompt) + max_tokens + 30]
 
 
-def test_one_host_sync_per_cycle(engine, prompt, monkeypatch):
+@pytest.mark.parametrize("mtp", [True, False])
+def test_one_host_sync_per_cycle(engine, prompt, monkeypatch, mtp):
     evals = []
     real_eval = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real_eval(*a))[1])
-    result = engine.generate(prompt, max_tokens=60, draft_tokens=6)
+    result = engine.generate(prompt, max_tokens=60, draft_tokens=6, mtp=mtp)
     prefill_syncs = 1
     assert result.stats.host_syncs == result.stats.cycles
     assert len(evals) == result.stats.cycles + prefill_syncs
@@ -230,3 +231,43 @@ def test_mtp_without_a_drafter(checkpoints):
     assert no_drafter.generate([5, 6, 7], max_tokens=4).stats.drafted == 0
     with pytest.raises(SettingsError, match="MTP needs a drafter, and none was loaded"):
         no_drafter.generate([5, 6, 7], mtp=True)
+
+
+@pytest.mark.parametrize("taken", [0, 1, 3, 6, 7, 9])
+def test_leaving_early_takes_back_what_was_not_handed_over(engine, prompt, reference, taken):
+    """A caller that stops reading after `taken` tokens (mid-cycle, at a cycle's end, with a
+    cycle queued) leaves the state holding exactly those tokens; generation resumes from there."""
+    drafter = ScriptedDrafter(reference, tiny.VOCAB)
+    decoder = engine.decoder(drafter=drafter, draft_tokens=6)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    stream = decoder.generate(state, LONG)
+    got = [next(stream).token for _ in range(taken)]
+    stream.close()
+    assert state.tokens == reference[: len(prompt) + taken]
+    assert state.cached == len(state.tokens) - 1
+    more = [r.token for r in decoder.generate(state, 40)]
+    assert got + more == reference[len(prompt) : len(prompt) + taken + 40]
+
+
+def test_a_failing_drafter_leaves_the_state_usable(engine, prompt, reference):
+    class BadQ:
+        def draft(self, context, g):
+            from mlx_spec.drafters import Draft
+
+            return Draft(mx.zeros((g,), mx.int32), q=mx.zeros((g + 1, tiny.VOCAB)))
+
+    decoder = engine.decoder(drafter=BadQ(), draft_tokens=3, temperature=1.0, seed=0)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    list(engine.decoder(mtp=False).generate(state, 5))  # a settled hidden state for the drafter
+    with pytest.raises(SettingsError, match=r"drafter returned q of shape \(4, 384\), expected \(3, 384\)"):
+        list(decoder.generate(state, 10))
+    assert state.cached == len(state.tokens) - 1
+    assert [r.token for r in engine.decoder(mtp=False).generate(state, 20)] == reference[len(prompt) + 5 : len(prompt) + 25]
+
+
+def test_numpy_prompts_and_settings(engine, prompt):
+    a = engine.generate(np.array(prompt), max_tokens=5, top_k=np.int64(0), seed=np.int64(3))
+    b = engine.generate(prompt, max_tokens=5)
+    assert a.tokens == b.tokens

@@ -185,3 +185,22 @@ def test_prequantized_drafter_checkpoint(checkpoints, tmp_path):
     assert _draft_tokens(target, reloaded, ids) == _draft_tokens(target, drafter, ids)
     with pytest.raises(LoadError, match="already quantized"):
         load_drafter(str(folder), quantize_bits=4)
+
+
+def test_drafter_config_without_text_config(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["assistant"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    del config["text_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match=r"drafter .*copy: config.json has no text_config"):
+        load_drafter(str(folder))
+
+
+def test_config_that_is_not_an_object(checkpoints, tmp_path):
+    folder = copy_of(checkpoints["text"], tmp_path)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(LoadError, match=r"target .*copy: config.json is not a JSON object"):
+        load_target(str(folder))
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(LoadError, match=r"not valid JSON"):
+        load_target(str(folder))

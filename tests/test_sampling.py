@@ -61,7 +61,45 @@ def test_distribution_matches_numpy(settings):
 def test_greedy_ties_go_to_the_lowest_id():
     logits = mx.array([[0.0, 2.0, 1.0, 2.0], [3.0, 3.0, 3.0, 0.0]])
     dist = distribution(logits, SamplingSettings())
-    assert dist.sample(mx.array([0.99, 0.5])).tolist() == [1, 0]
+    assert dist.sample(mx.array([[0.99, 0.3], [0.5, 0.9]])).tolist() == [1, 0]
+
+
+def test_the_far_tail_of_a_large_vocabulary_is_drawn():
+    """262,144 tokens, one holding nearly all the mass: each other token has p ~ 2e-9, below
+    float32's step near 1.0, yet together they hold ~5e-4. Uniforms that fall in that tail's
+    share must spread over the tail's tokens, not pile onto one (as a single float32 cumulative
+    sum would)."""
+    vocab, batch = 262_144, 64
+    logits = mx.zeros((batch, vocab)).at[:, 0].add(20.0)
+    dist = distribution(logits, SamplingSettings(temperature=1.0))
+    tail_mass = 1 - float(np.array(dist.probs[0, 0]))
+    exact = (vocab - 1) * np.exp(-20.0) / (1 + (vocab - 1) * np.exp(-20.0))
+    assert abs(tail_mass - exact) < 1e-3 * exact + 1e-7
+    rng = np.random.default_rng(0)
+    draws = []
+    for _ in range(16):
+        first = 1 - tail_mass * rng.random(batch) * 0.999  # inside the tail's share
+        u = mx.array(np.stack([first, rng.random(batch)], axis=-1).astype(np.float32))
+        draws += np.array(dist.sample(u)).tolist()
+    assert 0 not in draws
+    assert len(set(draws)) > 0.95 * len(draws)
+    # Spread over the whole tail: draws land in every eighth of the vocabulary.
+    assert len(set(np.array(draws) * 8 // vocab)) == 8
+
+
+def test_empty_residual_falls_back_to_the_target():
+    """If rounding makes q >= p everywhere, a rejection must still draw from p, never a token
+    that p rules out."""
+    n = 2000
+    logits = mx.broadcast_to(mx.array([[4.0, 3.0, -5.0, -6.0], [1.0, 1.0, 1.0, 1.0]]), (n, 2, 4))
+    target = distribution(logits, SamplingSettings(temperature=1.0, top_k=2))
+    p = np.array(target.dense(4))[0, 0]
+    q = mx.broadcast_to(mx.array((p * (1 + 3e-7)).astype(np.float32)), (n, 1, 4))
+    u = mx.random.uniform(shape=(n, 4), key=mx.random.key(1))
+    always_reject = mx.full((n, 1), 0.9999999)
+    kept, tokens = accept_by_ratio(target, mx.zeros((n, 1), mx.int32), q, always_reject, u[:, None, :2], u[:, 2:])
+    assert np.array(kept).sum() < n  # rejections happened
+    assert set(np.array(tokens)[:, 0].tolist()) <= {0, 1}
 
 
 def test_named_presets():
@@ -104,7 +142,7 @@ def test_acceptance_rules_keep_the_target_distribution(engine, prompt, settings,
     target = distribution(mx.broadcast_to(logits, (n, *logits.shape)), s)
     p = np.array(distribution(logits, s).dense(tiny.VOCAB))
     key = mx.random.key(11 if rule == "match" else 12)
-    u = mx.random.uniform(shape=(n, 4), key=key)
+    u = mx.random.uniform(shape=(n, 4, 2), key=key)
     if rule == "match":
         guesses = mx.full((n, 1), guess, dtype=mx.int32)
         kept, tokens = accept_by_match(target, guesses, u[:, :2])
@@ -113,10 +151,10 @@ def test_acceptance_rules_keep_the_target_distribution(engine, prompt, settings,
         # and q > 0 where p = 0): the rule must correct for the difference.
         q = 0.6 * p[0] + 0.3 * np.roll(p[0], 1) + 0.1 / tiny.VOCAB
         cdf = np.cumsum(q)
-        guesses = np.minimum(np.searchsorted(cdf, np.array(u[:, 3]) * cdf[-1], side="right"), tiny.VOCAB - 1)
+        guesses = np.minimum(np.searchsorted(cdf, np.array(u[:, 3, 0]) * cdf[-1], side="right"), tiny.VOCAB - 1)
         guesses = mx.array(guesses.astype(np.int32))[:, None]
         q_all = mx.broadcast_to(mx.array(q.astype(np.float32)), (n, 1, tiny.VOCAB))
-        kept, tokens = accept_by_ratio(target, guesses, q_all, u[:, 0:1], u[:, 1:2], u[:, 2])
+        kept, tokens = accept_by_ratio(target, guesses, q_all, u[:, 0:1, 0], u[:, 1:2], u[:, 2])
         assert p[0][np.array(guesses)[:, 0]].max() > 0
     kept, tokens = np.array(kept), np.array(tokens)
     first = np.bincount(tokens[:, 0], minlength=tiny.VOCAB)

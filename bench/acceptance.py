@@ -1,0 +1,60 @@
+"""The seed's acceptance table: four workloads, with Gemma's default sampling and greedy; tok/s
+without MTP, with MTP, guesses kept, speed-up, and mlx-lm on the same prompt as the anchor.
+
+    python bench/acceptance.py --model mlx-community/gemma-4-e2b-it-4bit \
+        --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
+    python bench/acceptance.py --random-weights --shape small   # runs anywhere; acceptance ~0
+"""
+
+from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
+from runs import SAMPLING, run_mlx_lm, run_ours, warm_up, workloads
+
+# The seed's table: transformers on an Apple M5 (DESIGN.md section 7).
+SEED = {
+    "tool call": ("12.6", "40.9", "34/35"),
+    "answer from tool result": ("13.0", "22.6", "42/106"),
+    "English code": ("8.8", "11.6", "51%"),
+    "long Chinese text": ("10.3", "10.3", "7%"),
+}
+
+
+def main():
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--sampling", default="gemma,greedy", help="comma separated: gemma, greedy")
+    parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
+    parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
+    args = parser.parse_args()
+    engine = build_engine(args)
+    info = machine()
+    names = args.workloads.split(",") if args.workloads else None
+    results = {"machine": info, "models": describe_models(args, engine), "runs": []}
+    print(header("Acceptance by kind of content", info, results["models"]))
+    for sampling in args.sampling.split(","):
+        settings = SAMPLING[sampling]
+        rows = []
+        for name, prompt, max_tokens in workloads(engine, names):
+            max_tokens = min(max_tokens, args.max_tokens or max_tokens)
+            warm_up(engine, prompt, settings)
+            off = run_ours(engine, prompt, settings, max_tokens, mtp=False)
+            on = run_ours(engine, prompt, settings, max_tokens)
+            anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
+            kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
+            same = "-" if sampling != "greedy" else ("yes" if on["tokens"] == off["tokens"] == anchor["tokens"] else "NO")
+            speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
+            seed = SEED.get(name, ("", "", ""))
+            rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
+                         f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", same, *seed])
+            results["runs"].append({"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
+                                    "generated": len(on["tokens"]), "mlx_lm": {k: v for k, v in anchor.items() if k != "tokens"},
+                                    "mtp_off": {k: v for k, v in off.items() if k != "tokens"},
+                                    "mtp_on": {k: v for k, v in on.items() if k != "tokens"},
+                                    "speedup": speedup, "same_tokens": same})
+        print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
+        print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP on tok/s",
+                        "guesses kept", "speed-up", "same tokens", "seed off", "seed on", "seed kept"], rows))
+        print()
+    print(f"JSON: {write_json('acceptance', args, results)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Controlled acceptance: what the loop itself costs, on any machine, without real weights.
+
+The real drafter runs (its cost is real), but its guesses are replaced by the target's own
+greedy continuation, each broken with probability 1 - a. For a = 0 ... 1 the measured speed-up
+over MTP off is printed next to the prediction E / (R_g + C_g), E = 1 + a + ... + a^g; and MTP off
+is measured next to mlx-lm on the same model and prompt.
+
+    python bench/controlled.py --random-weights --shape small
+"""
+
+from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
+from runs import SAMPLING, ControlledDrafter, cost_ratios, expected_tokens, run_mlx_lm, run_ours, warm_up
+
+ACCEPTANCE = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
+
+
+def main():
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--draft-tokens", type=int, default=6)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    args = parser.parse_args()
+    engine = build_engine(args)
+    if engine.mtp_drafter is None:
+        raise SystemExit("controlled acceptance runs the real drafter: give --drafter or --random-weights")
+    info = machine()
+    g, greedy = args.draft_tokens, SAMPLING["greedy"]
+    import numpy as np
+
+    prompt = np.random.default_rng(0).integers(0, engine.target.vocab_size, args.prompt_tokens).tolist()
+    warm_up(engine, prompt, greedy)
+    one_ms, ratios = cost_ratios(engine, prompt, [0, g], args.repeats)
+    r, c = ratios[g]["R"], ratios[g]["C"]
+    anchor = run_mlx_lm(engine, prompt, greedy, args.max_tokens)
+    off = run_ours(engine, prompt, greedy, args.max_tokens, mtp=False)
+    reference = prompt + off["tokens"]
+    results = {"machine": info, "models": describe_models(args, engine), "g": g, "prompt_tokens": len(prompt),
+               "max_tokens": args.max_tokens, "one_position_ms": one_ms, "R": r, "C": c,
+               "mlx_lm_tps": anchor["tps"], "mtp_off_tps": off["tps"], "sweep": []}
+    print(header("Controlled acceptance", info, {"g": g, "prompt": len(prompt), "tokens": args.max_tokens, **results["models"]}))
+    print(f"One target position: {one_ms:.2f} ms; R_{g} = {r:.2f}; C_{g} = {c:.2f}\n")
+    print(markdown(["", "tok/s", "ratio"], [["mlx-lm " + anchor["how"], f"{anchor['tps']:.1f}", "1.00"],
+                                             ["ours, MTP off", f"{off['tps']:.1f}", f"{off['tps'] / anchor['tps']:.2f}"]]))
+    print()
+    rows = []
+    for a in ACCEPTANCE:
+        drafter = ControlledDrafter(engine.mtp_drafter, reference, engine.target.vocab_size, a)
+        run = run_ours(engine, prompt, greedy, args.max_tokens, drafter=drafter, draft_tokens=g)
+        assert run["tokens"] == off["tokens"], "controlled drafting changed the output"
+        predicted = expected_tokens(a, g) / (r + c)
+        measured = run["tps"] / off["tps"]
+        results["sweep"].append({"acceptance": a, "tps": run["tps"], "tokens_per_cycle": run["tokens_per_cycle"],
+                                 "predicted_speedup": predicted, "measured_speedup": measured,
+                                 "measured_over_predicted": measured / predicted})
+        rows.append([a, f"{run['tps']:.1f}", f"{run['tokens_per_cycle']:.2f}", f"{expected_tokens(a, g):.2f}",
+                     f"{predicted:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}"])
+    print(markdown(["acceptance", "tok/s", "tokens/cycle", "E", "predicted E/(R+C)", "measured", "measured / predicted"], rows))
+    print(f"\nJSON: {write_json('controlled', args, results)}")
+
+
+if __name__ == "__main__":
+    main()

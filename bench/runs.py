@@ -1,0 +1,146 @@
+"""Timed generation runs: ours (MTP on or off, any drafter) and mlx-lm's, measured alike.
+
+Decode speed everywhere is (tokens - 1) / (time of the last token - time of the first), the
+way mlx-lm's stream_generate reports generation tok/s: the prompt and the first token are left
+out, so prefill never hides in the decode figure.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_spec.decoder import SequenceState
+from mlx_spec.drafters import Draft, DraftContext
+from mlx_spec.sampling import SamplingSettings
+from mlx_spec.target import trim_cache
+
+WORKLOADS = Path(__file__).parent / "workloads.json"
+SAMPLING = {"greedy": SamplingSettings.named("greedy"), "gemma": SamplingSettings.named("gemma")}
+
+
+def workloads(engine, names=None):
+    """(name, prompt token ids, max_tokens) for each workload in workloads.json. Without a
+    tokenizer (random weights) the prompt is random tokens of a similar length."""
+    data = json.loads(WORKLOADS.read_text())
+    rng = np.random.default_rng(0)
+    out = []
+    for w in data["workloads"]:
+        if names and w["name"] not in names:
+            continue
+        if engine.tokenizer is not None:
+            prompt = engine.encode(w["messages"], data["tools"] if w["tools"] else None)
+        else:
+            prompt = rng.integers(0, engine.target.vocab_size, w["random_prompt_tokens"]).tolist()
+        out.append((w["name"], prompt, w["max_tokens"]))
+    return out
+
+
+def rate(times) -> float:
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+
+
+def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=True, draft_tokens=None, drafter=None, report=False):
+    decoder = engine.decoder(
+        temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed or 0,
+        mtp=mtp, draft_tokens=draft_tokens, drafter=drafter, report=report,
+    )
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    stream = decoder.generate(state, max_tokens)
+    if engine.tokenizer is not None:
+        stream = engine.with_text(stream)  # detokenize, as stream_generate does
+    tokens, times = [], []
+    for report_ in stream:
+        tokens.append(report_.token)
+        times.append(time.perf_counter())
+    s = decoder.stats
+    return {"tokens": tokens, "tps": rate(times), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
+            "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps}
+
+
+def run_mlx_lm(engine, prompt, settings: SamplingSettings, max_tokens):
+    """mlx-lm on the same model: stream_generate with a tokenizer, its generate_step without."""
+    from mlx_lm.generate import generate_step, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(settings.seed or 0)
+    sampler = make_sampler(temp=settings.temperature, top_p=settings.top_p if settings.top_p < 1 else 0.0, top_k=settings.top_k)
+    tokens, times = [], []
+    if engine.tokenizer is not None:
+        for response in stream_generate(engine.target.model, engine.tokenizer, prompt, max_tokens=max_tokens, sampler=sampler):
+            tokens.append(response.token)
+            times.append(time.perf_counter())
+            if response.finish_reason:
+                break
+        how = "stream_generate"
+    else:
+        for token, _ in generate_step(mx.array(prompt), engine.target.model, max_tokens=max_tokens, sampler=sampler):
+            tokens.append(int(token))
+            times.append(time.perf_counter())
+        how = "generate_step"
+    return {"tokens": tokens, "tps": rate(times), "how": how}
+
+
+def warm_up(engine, prompt, settings: SamplingSettings, drafter=None) -> None:
+    """One short untimed run of each path, so first-call costs stay out of the figures."""
+    run_mlx_lm(engine, prompt, settings, 8)
+    run_ours(engine, prompt, settings, 8, mtp=False)
+    if engine.mtp_drafter is not None or drafter is not None:
+        run_ours(engine, prompt, settings, 8, drafter=drafter)
+
+
+class ControlledDrafter:
+    """The real drafter runs (its cost is real) but its guesses are replaced by the target's
+    known continuation, each one broken with probability 1 - acceptance."""
+
+    def __init__(self, inner, reference, vocab_size, acceptance, seed=0):
+        self.inner, self.reference, self.vocab_size = inner, list(reference), vocab_size
+        self.acceptance = acceptance
+        self.rng = np.random.default_rng(seed)
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        drafted = self.inner.draft(context, g).tokens
+        start = len(context.tokens)
+        right = (self.reference[start : start + g] + [0] * g)[:g]
+        keep = self.rng.random(g) < self.acceptance
+        guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)
+        # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
+        return Draft(mx.where(drafted >= 0, guesses, guesses))
+
+
+def cost_ratios(engine, prompt, draft_lengths, repeats=5):
+    """R_g = time(pass over g + 1 positions) / time(1 position) and C_g = time(g draft steps) /
+    time(1 position), measured on the workload's own context."""
+    from common import median_ms
+
+    state = SequenceState(engine.target)
+    engine.decoder(mtp=False).add_tokens(state, prompt)
+
+    def target_ms(n):
+        tokens = mx.array([prompt[-n:]])
+
+        def one():
+            mx.eval(engine.target(tokens, state.cache))
+            trim_cache(state.cache, n)
+
+        return median_ms(one, repeats)
+
+    one = target_ms(1)
+    ratios = {}
+    for g in draft_lengths:
+        r = target_ms(g + 1) / one
+        c = 0.0
+        if g and engine.mtp_drafter is not None:
+            context = DraftContext(state.tokens, mx.array([[state.tokens[-1]]]), state.hidden,
+                                   engine.target.drafter_kv(state.cache), SamplingSettings(), mx.zeros((g,)))
+            c = median_ms(lambda: mx.eval(engine.mtp_drafter.draft(context, g).tokens), repeats) / one
+        ratios[g] = {"R": r, "C": c}
+    return one, ratios
+
+
+def expected_tokens(acceptance: float, g: int) -> float:
+    """Tokens per cycle when each guess is kept with probability `acceptance`, until the first miss."""
+    return float(sum(acceptance**i for i in range(g + 1)))
