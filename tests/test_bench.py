@@ -1,0 +1,67 @@
+"""The benchmark scripts run end to end on the tiny checkpoints and write their tables.
+(Smoke tests: they check that the figures are produced, never what they are.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run_script(name, *args, tmp_path):
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| " in proc.stdout and "Machine:" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"chip", "memory_gb", "os", "mlx", "mlx_lm"} <= set(data["machine"])
+    return proc.stdout, data
+
+
+@pytest.fixture
+def tiny_models(checkpoints):
+    return ["--model", str(checkpoints["text"]), "--drafter", str(checkpoints["assistant"])]
+
+
+def test_positions(tiny_models, tmp_path):
+    stdout, data = run_script("positions", *tiny_models, "--contexts", "16,40", "--repeats", "1", tmp_path=tmp_path)
+    assert [row["positions"] for row in data["target"]] == [1, 2, 3, 4, 5, 6, 7, 8, 16] * 2
+    assert [row["steps"] for row in data["drafter"]] == list(range(1, 9))
+    assert data["weight_bytes_per_pass"] > 0
+
+
+def test_positions_with_random_weights_small_shape(tmp_path):
+    _, data = run_script("positions", "--random-weights", "--shape", "small", "--contexts", "8", "--repeats", "1", tmp_path=tmp_path)
+    assert data["models"]["target"] == "random weights, small shape"
+    assert len(data["target"]) == 9 and len(data["drafter"]) == 8
+
+
+def test_acceptance(tiny_models, tmp_path):
+    stdout, data = run_script("acceptance", *tiny_models, "--max-tokens", "6", "--workloads", "tool call,long Chinese text", tmp_path=tmp_path)
+    assert {(r["workload"], r["sampling"]) for r in data["runs"]} == {
+        (w, s) for w in ("tool call", "long Chinese text") for s in ("gemma", "greedy")
+    }
+    for run in data["runs"]:
+        assert run["mtp_on"]["drafted"] > 0 and run["mlx_lm"]["how"] == "stream_generate"
+        if run["sampling"] == "greedy":
+            assert run["same_tokens"] == "yes"
+
+
+def test_draft_length(tiny_models, tmp_path):
+    _, data = run_script("draft_length", *tiny_models, "--max-g", "2", "--max-tokens", "6", "--workloads", "English code", "--repeats", "1", tmp_path=tmp_path)
+    (workload,) = data["workloads"]
+    assert [e["g"] for e in workload["by_g"]] == [0, 1, 2]
+    assert workload["best_g"] in (0, 1, 2)
+
+
+def test_controlled(tiny_models, tmp_path):
+    _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1", tmp_path=tmp_path)
+    assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
+    # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
+    assert data["sweep"][-1]["tokens_per_cycle"] > 5
