@@ -14,12 +14,14 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
+from .adaptive import AdaptiveDraftLength
 from .drafters import Draft, DraftContext, Drafter
 from .reports import TokenReport, build_reports, report_arrays
 from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution, uniform_streams
 from .target import Target, prefill, trim_cache
 
 MAX_DRAFT_TOKENS = 16
+ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
 
 
 @dataclass
@@ -32,6 +34,9 @@ class Stats:
     drafted: int = 0
     kept: int = 0
     kept_by_position: List[int] = field(default_factory=list)  # [i]: cycles that kept guess i + 1
+    cycles_by_g: Dict[int, int] = field(default_factory=dict)  # cycles per number of guesses
+    kept_by_source: Dict[str, int] = field(default_factory=dict)  # kept guesses per drafter
+    drafted_by_source: Dict[str, int] = field(default_factory=dict)
     host_syncs: int = 0  # synchronisations in the decoding cycles
     peak_memory_gb: float = 0.0
 
@@ -47,8 +52,12 @@ class Stats:
     def acceptance(self) -> float:
         return self.kept / self.drafted if self.drafted else 0.0
 
+    @property
+    def mean_g(self) -> float:
+        return self.drafted / self.cycles if self.cycles else 0.0
+
     def to_dict(self) -> Dict:
-        out = dict(self.__dict__)
+        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
         out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance)
         return out
 
@@ -71,7 +80,8 @@ class SequenceState:
 
 @dataclass
 class _Cycle:
-    g: int
+    g: int  # guesses verified
+    source: str  # who made them
     kept: mx.array
     tokens: mx.array
     hidden: mx.array
@@ -100,19 +110,24 @@ class Decoder:
         target: Target,
         settings: SamplingSettings,
         drafter: Optional[Drafter] = None,
-        draft_tokens: int = 6,
+        draft_tokens: Optional[int] = None,
         report: bool = True,
         stop_tokens: Sequence[int] = (),
         prefill_chunk: int = 512,
+        first_draft_tokens: int = 6,
     ):
-        if drafter is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
+        if drafter is not None and draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
         if drafter is not None and not isinstance(drafter, Drafter):
             raise SettingsError(f"drafter {drafter!r} has no draft(context, g) method")
         self.target = target
         self.settings = settings
         self.drafter = drafter
-        self.draft_tokens = draft_tokens if drafter is not None else 0
+        self.draft_tokens = 0 if drafter is None else draft_tokens
+        self.policy = None
+        if self.draft_tokens is None:
+            self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G, first_g=first_draft_tokens)
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk
@@ -149,24 +164,33 @@ class Decoder:
         """Yield the reports of up to `max_tokens` new tokens as they settle."""
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
-        start = time.perf_counter()
-        produced, pending, in_flight = 0, _Pending(), None
+        start = last_settled = time.perf_counter()
+        produced, pending, in_flight, planned = 0, _Pending(), None, None
         try:
             while produced < max_tokens:
-                in_flight = in_flight or self._build_cycle(state, min(self.draft_tokens, max_tokens - produced - 1))
+                if in_flight is None:
+                    g = planned if planned is not None else self._choose_g(max_tokens - produced)
+                    in_flight = self._build_cycle(state, g)
                 mx.async_eval(in_flight.arrays())
-                ahead = None
-                if self.draft_tokens == 0 and produced + 1 < max_tokens:
-                    # Without drafts the next input is this cycle's token, known to the device:
-                    # queue the next pass before this one's sync, as mlx-lm's loop does.
-                    ahead = self._build_cycle(state, 0, last=in_flight.tokens[None, :1], t0=state.generated + 1)
-                    mx.async_eval(ahead.arrays())
+                ahead, planned = None, None
+                if in_flight.g == 0 and produced + 1 < max_tokens:
+                    planned = self._choose_g(max_tokens - produced - 1)
+                    if planned == 0:
+                        # No drafts: the next input is this cycle's token, known to the device;
+                        # queue the next pass before this one's sync, as mlx-lm's loop does.
+                        ahead = self._build_cycle(state, 0, last=in_flight.tokens[None, :1], t0=state.generated + 1)
+                        mx.async_eval(ahead.arrays())
+                        planned = None
                 yield from pending.hand_over()  # while the device works on this cycle
                 current, in_flight = in_flight, ahead
                 hidden_before = state.hidden
                 reports, stop = self._settle(state, current, max_tokens - produced)
                 pending = _Pending(reports, hidden_before, current.hidden)
                 produced += len(reports)
+                now = time.perf_counter()
+                if self.policy is not None:
+                    self.policy.observe(current.g, sum(r.drafted for r in reports), now - last_settled)
+                last_settled = now
                 if stop:
                     break
             yield from pending.hand_over()
@@ -179,6 +203,12 @@ class Decoder:
                 trim_cache(state.cache, excess)
             self.stats.generation_seconds += time.perf_counter() - start
             self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+    def _choose_g(self, budget: int) -> int:
+        """Guesses for a cycle that may settle at most `budget` tokens."""
+        if self.policy is not None:
+            return self.policy.choose(budget)
+        return min(self.draft_tokens, budget - 1)
 
     def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:
         """Take back the settled tokens that were never handed over."""
@@ -202,7 +232,8 @@ class Decoder:
         if last is None:
             last = mx.array([state.tokens[-1:]], dtype=mx.int32)
         t0 = state.generated if t0 is None else t0
-        draft = self._draft(state, last, g) if g > 0 else Draft(mx.zeros((0,), mx.int32))
+        draft = self._draft(state, last, g) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
+        g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
         inputs = mx.concatenate([last, draft.tokens[None]], axis=1)
         logits, hidden = self.target(inputs, state.cache)
         dist = distribution(logits[0], self.settings)
@@ -218,7 +249,7 @@ class Decoder:
                 self.uniforms["target"].take(t0 + g, 1)[0],
             )
         reports = report_arrays(logits[0], dist, tokens) if self.report else {}
-        return _Cycle(g, kept, tokens, hidden, reports)
+        return _Cycle(g, draft.source, kept, tokens, hidden, reports)
 
     def _draft(self, state: SequenceState, last: mx.array, g: int) -> Draft:
         context = DraftContext(
@@ -230,10 +261,11 @@ class Decoder:
             uniforms=self.uniforms["draft"].take(state.generated, g),
         )
         draft = self.drafter.draft(context, g)
-        if draft.tokens.shape != (g,) or not mx.issubdtype(draft.tokens.dtype, mx.integer):
-            raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected ({g},) integers")
-        if draft.q is not None and draft.q.shape != (g, self.target.vocab_size):
-            raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({g}, {self.target.vocab_size})")
+        n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
+        if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
+            raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")
+        if draft.q is not None and draft.q.shape != (n, self.target.vocab_size):
+            raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({n}, {self.target.vocab_size})")
         return draft
 
     def _settle(self, state: SequenceState, cycle: _Cycle, budget: int):
@@ -255,15 +287,19 @@ class Decoder:
         state.hidden = cycle.hidden[:, n - 1 : n]
         state.tokens.extend(tokens)
         state.generated += n
-        self._count(cycle.g, min(kept, n), n)
+        self._count(cycle, min(kept, n), n)
         return reports, stop
 
-    def _count(self, g: int, kept: int, emitted: int) -> None:
-        s = self.stats
+    def _count(self, cycle: _Cycle, kept: int, emitted: int) -> None:
+        s, g = self.stats, cycle.g
         s.cycles += 1
         s.drafted += g
         s.kept += kept
         s.generated_tokens += emitted
+        s.cycles_by_g[g] = s.cycles_by_g.get(g, 0) + 1
+        if g:
+            s.drafted_by_source[cycle.source] = s.drafted_by_source.get(cycle.source, 0) + g
+            s.kept_by_source[cycle.source] = s.kept_by_source.get(cycle.source, 0) + kept
         if len(s.kept_by_position) < g:
             s.kept_by_position += [0] * (g - len(s.kept_by_position))
         for i in range(kept):

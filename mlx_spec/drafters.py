@@ -37,8 +37,9 @@ class DraftContext:
 
 @dataclass
 class Draft:
-    tokens: mx.array  # [g] int32
-    q: Optional[mx.array] = None  # [g, V] when the guesses were sampled from q
+    tokens: mx.array  # [n] int32, n <= g: a drafter may propose fewer guesses than asked
+    q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
+    source: str = "drafter"  # where the guesses came from, for the statistics
 
 
 @runtime_checkable
@@ -78,4 +79,63 @@ class MTPDrafter:
                 token = self.assistant.greedy_token(h)
             guesses.append(token.reshape(1))
         tokens = mx.concatenate(guesses).astype(mx.int32) if guesses else mx.zeros((0,), mx.int32)
-        return Draft(tokens, mx.stack(qs) if sampled and qs else None)
+        return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp")
+
+
+class PromptLookup:
+    """Guesses by copying: find the longest recent n-gram (max_ngram down to min_ngram tokens)
+    that ends the settled text and occurred before, in the prompt or the generated text, and
+    propose what followed it. Free to compute, and right whenever the answer copies (a time
+    from a tool result, code being edited). Deterministic guesses: no q."""
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._tokens: List[int] = []
+        self._last_seen: Dict[tuple, int] = {}  # n-gram -> the latest position just after it
+
+    def continuation(self, tokens: List[int], g: int) -> List[int]:
+        self._index(tokens)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(tokens) <= n:
+                continue
+            after = self._last_seen.get(tuple(tokens[-n:]))
+            if after is not None:
+                # Copy what followed, overlapping into the copy itself when the match runs up to
+                # the end (as LZ77 does), so a repeating pattern is continued for all g guesses.
+                out: List[int] = []
+                for j in range(after, after + g):
+                    out.append(tokens[j] if j < len(tokens) else out[j - len(tokens)])
+                return out
+        return []
+
+    def _index(self, tokens: List[int]) -> None:
+        """Index the n-grams that have a token after them, incrementally as text settles
+        (from scratch if the text is not an extension of what was indexed)."""
+        known = len(self._tokens)
+        if tokens[:known] != self._tokens:
+            self._tokens, self._last_seen, known = [], {}, 0
+        # An n-gram ending at position e - 1 is followed by tokens[e]; the final n-grams have
+        # nothing after them yet, so index up to the second to last token.
+        for end in range(max(known - 1, 1), len(tokens)):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if end - n >= 0:
+                    self._last_seen[tuple(tokens[end - n : end])] = end
+        self._tokens = list(tokens)
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        guesses = self.continuation(context.tokens, g)
+        return Draft(mx.array(guesses, dtype=mx.int32), source="lookup")
+
+
+class LookupThenMTP:
+    """Prompt-lookup guesses where the text has a match, the MTP drafter's where it has none;
+    one verification pass per cycle either way."""
+
+    def __init__(self, lookup: PromptLookup, mtp: MTPDrafter):
+        self.lookup, self.mtp = lookup, mtp
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        guesses = self.lookup.continuation(context.tokens, g)
+        if guesses:
+            return Draft(mx.array(guesses, dtype=mx.int32), source="lookup")
+        return self.mtp.draft(context, g)

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from .assistant import Assistant
 from .chat import ChatSession, parse_tool_calls
 from .decoder import Decoder, SequenceState, Stats
-from .drafters import Drafter, MTPDrafter
+from .drafters import Drafter, LookupThenMTP, MTPDrafter, PromptLookup
 from .loading import (
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
@@ -57,6 +57,7 @@ class Engine:
         self.target_path = target_path
         self.drafter_path = drafter_path
         self.mtp_drafter = MTPDrafter(assistant, target) if assistant is not None else None
+        self.lookup = PromptLookup()
 
     @property
     def default_draft_tokens(self) -> int:
@@ -106,18 +107,28 @@ class Engine:
         mtp: Optional[bool] = None,
         draft_tokens: Optional[int] = None,
         drafter: Optional[Drafter] = None,
+        lookup: bool = True,
         report: bool = True,
     ) -> Decoder:
-        """A decoder with these settings. mtp=None drafts when a drafter is loaded or given."""
+        """A decoder with these settings (see `generate`)."""
         settings = SamplingSettings(temperature, top_k, top_p, seed)
         if mtp is False:
             drafter = None
         elif drafter is None:
-            drafter = self.mtp_drafter
-            if drafter is None and mtp:
+            if mtp and self.mtp_drafter is None:
                 raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
-        g = self.default_draft_tokens if draft_tokens is None else draft_tokens
-        return Decoder(self.target, settings, drafter, g, report, self.stop_tokens)
+            drafter = self._default_drafter(lookup)
+        return Decoder(self.target, settings, drafter, draft_tokens, report, self.stop_tokens,
+                       first_draft_tokens=self.default_draft_tokens)
+
+    def _default_drafter(self, lookup: bool) -> Optional[Drafter]:
+        """Prompt lookup where the text has a match, the MTP assistant where not; either alone
+        when the other is off or missing."""
+        if not lookup:
+            return self.mtp_drafter
+        if self.mtp_drafter is None:
+            return self.lookup
+        return LookupThenMTP(self.lookup, self.mtp_drafter)
 
     def stream(
         self,
@@ -148,20 +159,23 @@ class Engine:
         mtp: Optional[bool] = None,
         draft_tokens: Optional[int] = None,
         drafter: Optional[Drafter] = None,
+        lookup: bool = True,
         report: bool = True,
         tools: Optional[List[dict]] = None,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens; the output is exactly the target's alone.
 
         temperature 0 is greedy; otherwise temperature, then top_k (0: off), then top_p (1: off).
-        mtp=False decodes with the target alone (default: draft when a drafter is loaded or
-        given; True insists on one); `drafter` replaces the MTP assistant with any
-        object following the drafter protocol; `draft_tokens` sets the guesses per cycle;
-        report=False skips the per-token distribution figures.
+        Drafting (the default): prompt-lookup guesses where the text repeats itself, the MTP
+        assistant's elsewhere (lookup=False: the assistant's only), with the number of guesses
+        chosen each cycle from the measured acceptance and costs; `draft_tokens` fixes it.
+        mtp=False decodes with the target alone (True insists on a loaded assistant); `drafter`
+        replaces both with any object following the drafter protocol. report=False skips the
+        per-token distribution figures.
         """
         decoder = self.decoder(
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, mtp=mtp,
-            draft_tokens=draft_tokens, drafter=drafter, report=report,
+            draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
         )
         steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, decoder=decoder))
         return self.result(steps, decoder.stats)
