@@ -2,8 +2,9 @@
 
 The real drafter runs (its cost is real), but its guesses are replaced by the target's own
 greedy continuation, each broken with probability 1 - a. For a = 0 ... 1 the measured speed-up
-over MTP off is printed next to the prediction E / (R_g + C_g), E = 1 + a + ... + a^g; and MTP off
-is measured next to mlx-lm on the same model and prompt.
+over MTP off is printed next to the prediction E / (R_g + C_g), E = 1 + a + ... + a^g, for a
+fixed g and for the adaptive draft length; MTP off is measured next to mlx-lm on the same model
+and prompt; and a copy (guesses that cost nothing, as prompt lookup's) is set against MTP's.
 
     python bench/controlled.py --random-weights --shape small
 """
@@ -43,10 +44,16 @@ def main():
                                              ["ours, MTP off", f"{off['tps']:.1f}", f"{off['tps'] / anchor['tps']:.2f}"]]))
     print()
     rows = []
-    for a in ACCEPTANCE:
-        drafter = ControlledDrafter(engine.mtp_drafter, reference, engine.target.vocab_size, a)
-        run = run_ours(engine, prompt, greedy, args.max_tokens, drafter=drafter, draft_tokens=g)
+
+    def controlled(a, draft_tokens, inner=engine.mtp_drafter):
+        drafter = ControlledDrafter(inner, reference, engine.target.vocab_size, a)
+        run = run_ours(engine, prompt, greedy, args.max_tokens, drafter=drafter, draft_tokens=draft_tokens)
         assert run["tokens"] == off["tokens"], "controlled drafting changed the output"
+        return run
+
+    for a in ACCEPTANCE:
+        run = controlled(a, g)
+        adaptive = controlled(a, None)
         predicted = expected_tokens(a, g) / (r + c)
         # The same cost model fed the tokens per cycle this run actually drew: what is left
         # between it and the measurement is the loop's own cost, not the dice.
@@ -55,12 +62,33 @@ def main():
         results["sweep"].append({"acceptance": a, "tps": run["tps"], "tokens_per_cycle": run["tokens_per_cycle"],
                                  "predicted_speedup": predicted, "modelled_speedup": modelled,
                                  "measured_speedup": measured, "measured_over_predicted": measured / predicted,
-                                 "measured_over_modelled": measured / modelled})
+                                 "measured_over_modelled": measured / modelled, "adaptive_tps": adaptive["tps"],
+                                 "adaptive_cycles_by_g": adaptive["cycles_by_g"]})
         rows.append([a, f"{run['tps']:.1f}", f"{expected_tokens(a, g):.2f}", f"{run['tokens_per_cycle']:.2f}",
                      f"{predicted:.2f}x", f"{modelled:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}",
-                     f"{measured / modelled:.2f}"])
-    print(markdown(["acceptance", "tok/s", "E", "tokens/cycle drawn", "predicted E/(R+C)", "with drawn tokens/cycle",
-                    "measured", "measured / predicted", "measured / with drawn"], rows))
+                     f"{measured / modelled:.2f}", f"{adaptive['tps']:.1f}", f"{adaptive['tps'] / off['tps']:.2f}x"])
+    print(markdown(["acceptance", f"g={g} tok/s", "E", "tokens/cycle drawn", "predicted E/(R+C)", "with drawn tokens/cycle",
+                    "measured", "measured / predicted", "measured / with drawn", "adaptive tok/s", "adaptive speed-up"], rows))
+
+    # Every guess right: the best fixed draft length, and guesses that cost nothing (a copy,
+    # where prompt lookup drafts) against the MTP drafter's.
+    fixed = {n: controlled(1.0, n)["tps"] for n in range(1, 9)}
+    best = max(fixed, key=fixed.get)
+    copy_lookup = controlled(1.0, None, inner=None)["tps"]
+    copy_mtp = results["sweep"][-1]["adaptive_tps"]
+    results.update(fixed_g_at_full_acceptance=fixed, best_fixed_g=best, copy_lookup_tps=copy_lookup, copy_mtp_tps=copy_mtp)
+    print("\nAll guesses right, fixed g: " + ", ".join(f"g={n}: {t:.1f}" for n, t in fixed.items()) + " tok/s")
+    sweep = {s_["acceptance"]: s_ for s_ in results["sweep"]}
+    bars = [
+        ("MTP off >= 0.95 x mlx-lm", off["tps"] / anchor["tps"], 0.95),
+        (f"a = 1, g = {g}: measured >= 0.85 x E/(R+C)", sweep[1.0]["measured_over_predicted"], 0.85),
+        (f"a = 0, g = {g}: measured >= 0.9 x 1/(R+C)", sweep[0.0]["measured_over_predicted"], 0.9),
+        ("a = 0: adaptive >= 0.97 x MTP off", sweep[0.0]["adaptive_tps"] / off["tps"], 0.97),
+        (f"a = 1: adaptive >= 0.95 x best fixed g (g={best})", sweep[1.0]["adaptive_tps"] / fixed[best], 0.95),
+        ("copy: lookup guesses > MTP guesses", copy_lookup / copy_mtp, 1.0),
+    ]
+    results["bars"] = [{"bar": b, "ratio": v, "needed": need, "met": v >= need} for b, v, need in bars]
+    print("\n" + markdown(["bar", "ratio", "met"], [[b, f"{v:.2f}", "yes" if v >= need else "NO"] for b, v, need in bars]))
     print(f"\nJSON: {write_json('controlled', args, results)}")
 
 

@@ -42,10 +42,12 @@ def rate(times) -> float:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
 
 
-def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=True, draft_tokens=None, drafter=None, report=False):
+def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, draft_tokens=None, drafter=None,
+             lookup=True, report=False):
+    """mlx-spec: by default as users get it (adaptive draft length, lookup + MTP)."""
     decoder = engine.decoder(
         temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed or 0,
-        mtp=mtp, draft_tokens=draft_tokens, drafter=drafter, report=report,
+        mtp=mtp, draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
     )
     state = SequenceState(engine.target)
     decoder.add_tokens(state, prompt)
@@ -58,7 +60,9 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=True, d
         times.append(time.perf_counter())
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
-            "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps}
+            "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps,
+            "cycles_by_g": dict(s.cycles_by_g), "kept_by_source": dict(s.kept_by_source),
+            "drafted_by_source": dict(s.drafted_by_source)}
 
 
 def run_mlx_lm(engine, prompt, settings: SamplingSettings, max_tokens):
@@ -88,13 +92,13 @@ def warm_up(engine, prompt, settings: SamplingSettings, drafter=None) -> None:
     """One short untimed run of each path, so first-call costs stay out of the figures."""
     run_mlx_lm(engine, prompt, settings, 8)
     run_ours(engine, prompt, settings, 8, mtp=False)
-    if engine.mtp_drafter is not None or drafter is not None:
-        run_ours(engine, prompt, settings, 8, drafter=drafter)
+    run_ours(engine, prompt, settings, 8, drafter=drafter, draft_tokens=6)
 
 
 class ControlledDrafter:
     """The real drafter runs (its cost is real) but its guesses are replaced by the target's
-    known continuation, each one broken with probability 1 - acceptance."""
+    known continuation, each one broken with probability 1 - acceptance. With inner=None no
+    drafter runs: the guesses cost nothing, as prompt lookup's do when the text is a copy."""
 
     def __init__(self, inner, reference, vocab_size, acceptance, seed=0):
         self.inner, self.reference, self.vocab_size = inner, list(reference), vocab_size
@@ -102,13 +106,15 @@ class ControlledDrafter:
         self.rng = np.random.default_rng(seed)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        drafted = self.inner.draft(context, g).tokens
         start = len(context.tokens)
         right = (self.reference[start : start + g] + [0] * g)[:g]
         keep = self.rng.random(g) < self.acceptance
         guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)
+        if self.inner is None:
+            return Draft(guesses, source="copy")
+        drafted = self.inner.draft(context, g).tokens
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
-        return Draft(mx.where(drafted >= 0, guesses, guesses))
+        return Draft(mx.where(drafted >= 0, guesses, guesses), source="controlled")
 
 
 def cost_ratios(engine, prompt, draft_lengths, repeats=5):

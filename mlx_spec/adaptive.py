@@ -12,14 +12,17 @@ from typing import Dict, List
 
 
 class AdaptiveDraftLength:
-    def __init__(self, max_g: int, first_g: int = 6, probe_every: int = 12, probe_g: int = 2, decay: float = 0.85):
+    def __init__(self, max_g: int, first_g: int = 6, probe_every: int = 16, probe_g: int = 1, decay: float = 0.92):
         self.max_g = max_g
         self.decay = decay
         self.probe_every = probe_every
         self.probe_g = min(probe_g, max_g)
-        self.acceptance: List[float] = [0.5] * max_g  # a_i, optimistic enough to try drafting
+        self.acceptance: List[float] = [0.5] * max_g  # a_i, moving averages
+        self.judged: List[int] = [0] * max_g  # how often guess i was judged
         self.seconds: Dict[int, float] = {}  # g -> moving average of a cycle's wall time
+        self.timed: Dict[int, int] = {}
         self.plain_streak = 0
+        self.probe = 0  # g of the probe in progress (0: none)
         # Measure a drafting cycle and a plain one before choosing.
         self.warmup = [min(first_g, max_g), 0] if max_g else [0]
         self.chosen: Dict[int, int] = {}
@@ -29,8 +32,8 @@ class AdaptiveDraftLength:
         limit = max(0, min(self.max_g, budget - 1))
         if self.warmup:
             g = self.warmup.pop(0)
-        elif self.plain_streak >= self.probe_every:
-            g = self.probe_g
+        elif self.probe or self.plain_streak >= self.probe_every:
+            g = self.probe = self.probe or self.probe_g
         else:
             g = max(range(limit + 1), key=lambda n: self.expected_tokens(n) / self.cycle_seconds(n))
         g = min(g, limit)
@@ -40,16 +43,30 @@ class AdaptiveDraftLength:
     def observe(self, g: int, kept: int, seconds: float) -> None:
         """A settled cycle: g guesses, the first `kept` of them kept, in `seconds`."""
         self.plain_streak = self.plain_streak + 1 if g == 0 else 0
+        probing = g > 0 and g == self.probe
         for i in range(min(g, kept + 1)):  # guess i was judged: all before it were kept
-            hit = 1.0 if i < kept else 0.0
-            self.acceptance[i] = self.decay * self.acceptance[i] + (1 - self.decay) * hit
-        old = self.seconds.get(g)
-        self.seconds[g] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+            self.judged[i] += 1
+            # A probe is rare news about content that may have changed: it weighs more.
+            weight = 0.3 if probing else None
+            self.acceptance[i] = self._average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], weight)
+        # A probe that kept everything is followed by one twice as long; a miss ends probing.
+        self.probe = min(2 * g, self.max_g) if probing and kept == g and g < self.max_g else 0
+        self.timed[g] = self.timed.get(g, 0) + 1
+        self.seconds[g] = self._average(self.seconds.get(g, 0.0), seconds, self.timed[g])
+
+    def _average(self, old: float, new: float, count: int, weight=None) -> float:
+        """A plain mean over the first observations, a moving average after them."""
+        weight = max(1.0 / count, weight or 1 - self.decay)
+        return (1 - weight) * old + weight * new
 
     def expected_tokens(self, g: int) -> float:
-        total, run = 1.0, 1.0
-        for a in self.acceptance[:g]:
-            run *= a
+        """1 + a1 + a1 a2 + ...; a guess position never judged yet is assumed to do as well as
+        the deepest one that was (so longer drafts get tried when short ones all pass)."""
+        total, run, last = 1.0, 1.0, 0.5
+        for i in range(g):
+            if self.judged[i]:
+                last = self.acceptance[i]
+            run *= last
             total += run
         return total
 

@@ -23,7 +23,8 @@ def model_options(f):
         click.option("--drafter", default=DEFAULT_DRAFTER, show_default=True, help="MTP drafter: hub id or folder."),
         click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter."),
         click.option("--no-mtp", is_flag=True, help="Decode with the target alone (no drafter is loaded)."),
-        click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: the drafter's, 6]."),
+        click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: chosen each cycle]."),
+        click.option("--no-lookup", is_flag=True, help="No prompt-lookup guesses (the MTP drafter's only)."),
         click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy."),
         click.option("--top-k", type=int, default=0, show_default=True, help="Top-k; 0 turns it off."),
         click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p; 1 turns it off."),
@@ -51,8 +52,9 @@ def load_engine(model, drafter, drafter_bits, no_mtp):
     return load(model, None if no_mtp else drafter, bits)
 
 
-def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp) -> dict:
-    return dict(temperature=temp, top_k=top_k, top_p=top_p, seed=seed, draft_tokens=draft_tokens, mtp=not no_mtp)
+def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup) -> dict:
+    return dict(temperature=temp, top_k=top_k, top_p=top_p, seed=seed, draft_tokens=draft_tokens,
+                mtp=False if no_mtp else None, lookup=not no_lookup)
 
 
 @click.group()
@@ -65,13 +67,13 @@ def cli():
 @model_options
 @click.option("--system-prompt", default=None, help="System prompt for the conversation.")
 @click.option("--show-probs", is_flag=True, help="Colour tokens by probability; underline kept guesses.")
-def chat(model, drafter, drafter_bits, no_mtp, draft_tokens, temp, top_k, top_p, seed, max_tokens, system_prompt, show_probs):
+def chat(model, drafter, drafter_bits, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens, system_prompt, show_probs):
     """Chat with Gemma 4; the KV cache is kept across turns."""
     check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
     engine = load_engine(model, drafter, drafter_bits, no_mtp)
     session = engine.chat(
         system_prompt=system_prompt, max_tokens=max_tokens,
-        **decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp),
+        **decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
     )
     interactive = sys.stdin.isatty()
     printer = TokenPrinter(show_probs, sys.stdout.isatty())
@@ -130,13 +132,10 @@ def run_command(line: str, session, totals: dict, engine) -> None:
         kept = f"{totals['kept']}/{totals['drafted']}"
         click.echo(
             f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
-            f"{session.state.cached} positions cached, mtp {'on' if session.settings.get('mtp') else 'off'}]"
+            f"{session.state.cached} positions cached, mtp {'off' if session.settings.get('mtp') is False else 'on'}]"
         )
     elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
-        if parts[1] == "on" and engine.assistant is None:
-            click.echo("[no drafter loaded: start without --no-mtp to draft]")
-            return
-        session.set(mtp=parts[1] == "on")
+        session.set(mtp=None if parts[1] == "on" else False)
         click.echo(f"[mtp {parts[1]}]")
     elif name == "/help":
         click.echo(HELP)
@@ -161,7 +160,12 @@ def interruptible():
 
 
 def stats_line(stats) -> str:
-    kept = f"guesses kept {stats.kept}/{stats.drafted}" if stats.drafted else "no drafting"
+    kept = "no drafting"
+    if stats.drafted:
+        sources = ", ".join(
+            f"{name} {stats.kept_by_source.get(name, 0)}/{n}" for name, n in sorted(stats.drafted_by_source.items())
+        )
+        kept = f"guesses kept {stats.kept}/{stats.drafted} ({sources}; {stats.mean_g:.1f} per cycle)"
     gb = stats.peak_memory_gb
     memory = f"{gb:.2f} GB" if gb >= 1 else f"{gb * 1000:.0f} MB"
     return (
@@ -197,7 +201,7 @@ class TokenPrinter:
 @click.option("--system-prompt", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as plain text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per token, then a stats line.")
-def generate(model, drafter, drafter_bits, no_mtp, draft_tokens, temp, top_k, top_p, seed, max_tokens, prompt, system_prompt, raw, as_json):
+def generate(model, drafter, drafter_bits, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens, prompt, system_prompt, raw, as_json):
     """Answer one prompt."""
     check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
     if prompt is None or prompt == "-":
@@ -205,7 +209,7 @@ def generate(model, drafter, drafter_bits, no_mtp, draft_tokens, temp, top_k, to
     engine = load_engine(model, drafter, drafter_bits, no_mtp)
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     request = prompt if raw else messages + [{"role": "user", "content": prompt}]
-    decoder = engine.decoder(**decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp))
+    decoder = engine.decoder(**decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup))
     steps = []
     for report in engine.stream(request, max_tokens=max_tokens, decoder=decoder):
         steps.append(report)

@@ -195,6 +195,7 @@ END_TO_END = [
     (SETTINGS[1], "likely"),
     (SETTINGS[1], "breaking"),
     (SETTINGS[1], "mtp-sampled"),
+    (SETTINGS[1], "lookup"),
 ]
 
 
@@ -210,14 +211,19 @@ def exact_first_two(engine, prompt, s):
 
 @pytest.mark.parametrize("settings, drafter_kind", END_TO_END)
 def test_engine_first_tokens_follow_the_target(engine, prompt, settings, drafter_kind):
-    """4,000 seeded generations per case (20,000 in all): the engine's first and second tokens
+    """4,000 seeded generations per case (24,000 in all): the engine's first and second tokens
     follow the target's own distributions. "likely" guesses the greedy continuation (often
     kept), "breaking" the same with its first guess spoiled (never kept), "mtp-sampled" draws
-    its guesses from the tiny MTP assistant's own distribution (the min(1, p/q) rule)."""
+    its guesses from the tiny MTP assistant's own distribution (the min(1, p/q) rule), "lookup"
+    copies from a prompt that repeats itself."""
     s = SamplingSettings(**settings)
+    if drafter_kind == "lookup":
+        prompt = prompt[: tiny.WINDOW] * 3  # a prompt that repeats itself, so lookup guesses
     p0, p1 = exact_first_two(engine, prompt, s)
     if drafter_kind == "mtp-sampled":
         drafter = MTPDrafter(engine.assistant, engine.target, sample=True)
+    elif drafter_kind == "lookup":
+        drafter = engine.lookup
     else:
         greedy = engine.generate(prompt, max_tokens=3, mtp=False).tokens
         break_at = 0 if drafter_kind == "breaking" else None

@@ -1,0 +1,128 @@
+"""Adaptive draft length and prompt-lookup drafts: they change speed, never the output."""
+
+import numpy as np
+import pytest
+
+import tiny
+from mlx_spec import load
+from mlx_spec.adaptive import AdaptiveDraftLength
+from mlx_spec.drafters import PromptLookup
+from mlx_spec.engine import Engine
+from scripted import ScriptedDrafter
+
+LONG = 200
+
+
+def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3):
+    """Feed the policy cycles whose guesses are kept with probability `acceptance` and whose
+    cost is step * (1 + per_guess * g) seconds; return how often each g was chosen."""
+    rng = np.random.default_rng(seed)
+    for _ in range(cycles):
+        g = policy.choose(budget=100)
+        kept = 0
+        while kept < g and rng.random() < acceptance:
+            kept += 1
+        policy.observe(g, kept, step * (1 + per_guess * g))
+    return policy.chosen
+
+
+def test_policy_stops_drafting_when_nothing_is_kept():
+    chosen = simulate(AdaptiveDraftLength(8), acceptance=0.0)
+    assert chosen.get(0, 0) > 0.85 * sum(chosen.values())
+
+
+def test_policy_drafts_long_when_everything_is_kept():
+    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0)
+    assert chosen.get(8, 0) > 0.9 * sum(chosen.values())
+
+
+def test_policy_finds_the_middle():
+    # a = 0.6, each guess costs 0.3 of a step: E(g) / (1 + 0.3 g) is 1.00, 1.23, 1.23, 1.15,
+    # 1.04 for g = 0..4: one or two guesses.
+    chosen = simulate(AdaptiveDraftLength(8), acceptance=0.6, cycles=600)
+    assert chosen.get(1, 0) + chosen.get(2, 0) > 0.7 * sum(chosen.values())
+
+
+def test_policy_drafts_again_when_content_becomes_predictable():
+    policy = AdaptiveDraftLength(8)
+    simulate(policy, acceptance=0.0, cycles=200)
+    policy.chosen.clear()
+    simulate(policy, acceptance=1.0, cycles=200, seed=1)
+    late = sum(v for g, v in policy.chosen.items() if g >= 6)
+    assert late > 0.7 * sum(policy.chosen.values())
+
+
+def test_policy_respects_the_budget():
+    policy = AdaptiveDraftLength(8)
+    assert all(policy.choose(budget=3) <= 2 for _ in range(20))
+    assert policy.choose(budget=1) == 0
+
+
+@pytest.mark.parametrize(
+    "tokens, g, expected",
+    [
+        ([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 4, [4, 5, 6, 7]),  # copy what followed the last match
+        ([9, 9, 9, 9], 3, [9, 9, 9]),  # a repeat continues itself
+        ([1, 2, 3, 1, 2, 3, 1, 2], 5, [3, 1, 2, 3, 1]),
+        ([5, 6, 7, 8], 3, []),  # nothing repeats: no guesses
+        ([1, 2], 3, []),
+    ],
+)
+def test_prompt_lookup(tokens, g, expected):
+    assert PromptLookup().continuation(tokens, g) == expected
+
+
+def test_prompt_lookup_follows_edits_and_rollbacks():
+    lookup = PromptLookup()
+    assert lookup.continuation([1, 2, 3, 4, 1, 2], 2) == [3, 4]
+    assert lookup.continuation([1, 2, 3, 4, 1, 2, 3, 4, 7, 1, 2, 3], 2) == [4, 7]
+    assert lookup.continuation([1, 2, 5, 1, 2], 2) == [5, 1]  # not an extension: re-indexed
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    block = np.random.RandomState(4).randint(0, tiny.VOCAB, size=tiny.WINDOW + 3).tolist()
+    return block * 3  # repeats itself: the lookup finds matches
+
+
+@pytest.fixture(scope="module")
+def reference(engine, prompt):
+    return prompt + engine.generate(prompt, max_tokens=LONG, mtp=False).tokens
+
+
+def test_default_drafting_is_exact_and_adaptive(engine, prompt, reference):
+    result = engine.generate(prompt, max_tokens=LONG)
+    assert result.tokens == reference[len(prompt) :]
+    assert len(result.stats.cycles_by_g) > 1  # the draft length changed along the way
+    assert result.stats.drafted_by_source.get("lookup", 0) > 0
+
+
+def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference):
+    most_used = {}
+    for p in (0.0, 0.4, 1.0):  # the probability that a guess is broken
+        drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=2)
+        result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
+        assert result.tokens == reference[len(prompt) :]
+        most_used[p] = max(result.stats.cycles_by_g, key=result.stats.cycles_by_g.get)
+    assert most_used[0.0] == 8 and most_used[1.0] == 0
+
+
+def test_lookup_alone_without_an_assistant(checkpoints, prompt, reference):
+    plain = load(str(checkpoints["text"]), drafter=None)
+    plain = Engine(plain.target, None, plain.tokenizer, stop_tokens=[])
+    result = plain.generate(prompt, max_tokens=LONG)
+    assert result.tokens == reference[len(prompt) :]
+    assert set(result.stats.drafted_by_source) <= {"lookup"}
+
+
+def test_same_seed_same_tokens_with_lookup(engine, prompt):
+    settings = dict(temperature=1.0, top_k=64, top_p=0.95, seed=11)
+    off = engine.generate(prompt, max_tokens=LONG, mtp=False, **settings)
+    on = engine.generate(prompt, max_tokens=LONG, **settings)
+    assert on.tokens == off.tokens
