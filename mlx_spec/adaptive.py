@@ -5,26 +5,28 @@ expected number of tokens it settles (a_i: how often guess i is kept when the gu
 were), T(g) its wall time. Both are measured as the loop runs: a_i and T(g) as moving averages
 over recent cycles, T of lengths not tried yet from a straight line through the ones that were.
 g = 0 (one plain target step) is one of the choices, so drafting stops where it does not pay;
-and while it is stopped, a short probe every few cycles notices when guessing pays again.
+and while it is stopped, a short probe now and then (as often as costs about 1% of the time)
+notices when guessing pays again; a probe that keeps all its guesses is followed by a longer one.
 """
 
 from typing import Dict, List
 
 
 class AdaptiveDraftLength:
-    def __init__(self, max_g: int, first_g: int = 6, probe_every: int = 16, probe_g: int = 1, decay: float = 0.92):
+    def __init__(self, max_g: int, first_g: int = 6, probe_g: int = 1, probe_overhead: float = 0.01, decay: float = 0.92):
         self.max_g = max_g
         self.decay = decay
-        self.probe_every = probe_every
         self.probe_g = min(probe_g, max_g)
+        self.probe_overhead = probe_overhead
         self.acceptance: List[float] = [0.5] * max_g  # a_i, moving averages
         self.judged: List[int] = [0] * max_g  # how often guess i was judged
         self.seconds: Dict[int, float] = {}  # g -> moving average of a cycle's wall time
         self.timed: Dict[int, int] = {}
         self.plain_streak = 0
         self.probe = 0  # g of the probe in progress (0: none)
-        # Measure a drafting cycle and a plain one before choosing.
-        self.warmup = [min(first_g, max_g), 0] if max_g else [0]
+        # Measure a short drafting cycle and a plain one before choosing; longer drafts follow
+        # as soon as guesses are kept.
+        self.warmup = [min(first_g, 2, max_g), 0] if max_g else [0]
         self.chosen: Dict[int, int] = {}
 
     def choose(self, budget: int) -> int:
@@ -32,7 +34,7 @@ class AdaptiveDraftLength:
         limit = max(0, min(self.max_g, budget - 1))
         if self.warmup:
             g = self.warmup.pop(0)
-        elif self.probe or self.plain_streak >= self.probe_every:
+        elif self.probe or self.plain_streak >= self.probe_every():
             g = self.probe = self.probe or self.probe_g
         else:
             g = max(range(limit + 1), key=lambda n: self.expected_tokens(n) / self.cycle_seconds(n))
@@ -53,6 +55,15 @@ class AdaptiveDraftLength:
         self.probe = min(2 * g, self.max_g) if probing and kept == g and g < self.max_g else 0
         self.timed[g] = self.timed.get(g, 0) + 1
         self.seconds[g] = self._average(self.seconds.get(g, 0.0), seconds, self.timed[g])
+
+    def probe_every(self) -> int:
+        """Plain cycles between probes, so that probing costs about `probe_overhead` of the
+        time: a probe's extra cost over a plain cycle, spread over the cycles in between
+        (every few cycles where a short draft is nearly free, as on a GPU; rarely on a CPU)."""
+        if 0 not in self.seconds or self.probe_g not in self.seconds:
+            return 16
+        extra = max(self.seconds[self.probe_g] / self.seconds[0] - 1, 0.0)
+        return int(min(max(extra / self.probe_overhead, 4), 64))
 
     def _average(self, old: float, new: float, count: int, weight=None) -> float:
         """A plain mean over the first observations, a moving average after them."""
