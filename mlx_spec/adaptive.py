@@ -13,7 +13,7 @@ from typing import Dict, List
 
 
 class AdaptiveDraftLength:
-    def __init__(self, max_g: int, first_g: int = 6, probe_g: int = 1, probe_overhead: float = 0.01, decay: float = 0.92):
+    def __init__(self, max_g: int, first_probe: int = 2, probe_g: int = 1, probe_overhead: float = 0.01, decay: float = 0.92):
         self.max_g = max_g
         self.decay = decay
         self.probe_g = min(probe_g, max_g)
@@ -23,18 +23,15 @@ class AdaptiveDraftLength:
         self.seconds: Dict[int, float] = {}  # g -> moving average of a cycle's wall time
         self.timed: Dict[int, int] = {}
         self.plain_streak = 0
-        self.probe = 0  # g of the probe in progress (0: none)
-        # Measure a short drafting cycle and a plain one before choosing; longer drafts follow
-        # as soon as guesses are kept.
-        self.warmup = [min(first_g, 2, max_g), 0] if max_g else [0]
+        # g of the probe in progress (0: none). The first cycles are a probe: a short draft,
+        # twice as long each time all its guesses are kept, until one misses.
+        self.probe = min(first_probe, max_g)
         self.chosen: Dict[int, int] = {}
 
     def choose(self, budget: int) -> int:
         """g for the next cycle, at most budget - 1 (a cycle settles up to g + 1 tokens)."""
         limit = max(0, min(self.max_g, budget - 1))
-        if self.warmup:
-            g = self.warmup.pop(0)
-        elif self.probe or self.plain_streak >= self.probe_every():
+        if self.probe or self.plain_streak >= self.probe_every():
             g = self.probe = self.probe or self.probe_g
         else:
             g = max(range(limit + 1), key=lambda n: self.expected_tokens(n) / self.cycle_seconds(n))

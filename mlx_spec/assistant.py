@@ -17,7 +17,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import DecoderLayer, ModelArgs
 
-from .target import FULL, SLIDING
 
 
 @dataclass

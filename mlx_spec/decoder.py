@@ -114,7 +114,6 @@ class Decoder:
         report: bool = True,
         stop_tokens: Sequence[int] = (),
         prefill_chunk: int = 512,
-        first_draft_tokens: int = 6,
     ):
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
         if drafter is not None and draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
@@ -127,7 +126,7 @@ class Decoder:
         self.draft_tokens = 0 if drafter is None else draft_tokens
         self.policy = None
         if self.draft_tokens is None:
-            self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G, first_g=first_draft_tokens)
+            self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G)
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk

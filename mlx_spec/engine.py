@@ -59,10 +59,6 @@ class Engine:
         self.mtp_drafter = MTPDrafter(assistant, target) if assistant is not None else None
         self.lookup = PromptLookup()
 
-    @property
-    def default_draft_tokens(self) -> int:
-        return self.assistant.config.num_assistant_tokens if self.assistant is not None else 6
-
     # -- prompts and text ------------------------------------------------------------------
 
     def encode(self, prompt: Prompt, tools: Optional[List[dict]] = None) -> List[int]:
@@ -118,8 +114,7 @@ class Engine:
             if mtp and self.mtp_drafter is None:
                 raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
             drafter = self._default_drafter(lookup)
-        return Decoder(self.target, settings, drafter, draft_tokens, report, self.stop_tokens,
-                       first_draft_tokens=self.default_draft_tokens)
+        return Decoder(self.target, settings, drafter, draft_tokens, report, self.stop_tokens)
 
     def _default_drafter(self, lookup: bool) -> Optional[Drafter]:
         """Prompt lookup where the text has a match, the MTP assistant where not; either alone

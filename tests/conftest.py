@@ -19,3 +19,14 @@ def checkpoints(tmp_path_factory):
         "assistant": tiny.build_assistant(root / "assistant", ordered=True),
         "assistant_plain": tiny.build_assistant(root / "assistant-plain", ordered=False),
     }
+
+
+@pytest.fixture(scope="session")
+def engine(checkpoints):
+    """The tiny target and MTP assistant, with no stop tokens: the random tiny model would end
+    early, and most tests want long outputs. (test_chat keeps the stop tokens.)"""
+    from mlx_spec import load
+    from mlx_spec.engine import Engine
+
+    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])

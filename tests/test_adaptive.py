@@ -80,12 +80,6 @@ def test_prompt_lookup_follows_edits_and_rollbacks():
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoints):
-    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
-    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
-
-
-@pytest.fixture(scope="module")
 def prompt():
     block = np.random.RandomState(4).randint(0, tiny.VOCAB, size=tiny.WINDOW + 3).tolist()
     return block * 3  # repeats itself: the lookup finds matches

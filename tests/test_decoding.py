@@ -17,13 +17,6 @@ LONG = 320  # tokens generated: many sliding windows (12) long
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoints):
-    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
-    # No stop tokens: the random tiny model would end early; these tests want long outputs.
-    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
-
-
-@pytest.fixture(scope="module")
 def prompt():
     return np.random.RandomState(0).randint(0, tiny.VOCAB, size=2 * tiny.WINDOW + 5).tolist()
 

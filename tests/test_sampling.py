@@ -9,10 +9,8 @@ import pytest
 from scipy.stats import chi2
 
 import tiny
-from mlx_spec import load
 from mlx_spec.decoder import SequenceState
 from mlx_spec.drafters import MTPDrafter
-from mlx_spec.engine import Engine
 from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
 from scripted import ScriptedDrafter
 
@@ -116,12 +114,6 @@ def verify_logits(engine, prompt, guesses):
     tokens = mx.array([prompt + guesses])
     logits, _ = engine.target(tokens, cache)
     return logits[0, len(prompt) - 1 :]
-
-
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
-    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
 
 
 @pytest.fixture(scope="module")
