@@ -49,8 +49,9 @@ def test_acceptance(tiny_models, tmp_path):
     }
     for run in data["runs"]:
         assert run["mtp_on"]["drafted"] > 0 and run["mlx_lm"]["how"] == "stream_generate"
-        if run["sampling"] == "greedy":
-            assert run["same_tokens"] == "yes"
+        assert run["same_tokens"] == "yes"
+        if run["sampling"] == "greedy":  # float32 tiny model: no rounding of log-probs to speak of
+            assert run["same_as_mlx_lm"] == "yes"
 
 
 def test_draft_length(tiny_models, tmp_path):
