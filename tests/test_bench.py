@@ -66,3 +66,27 @@ def test_controlled(tiny_models, tmp_path):
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
     # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
     assert data["sweep"][-1]["tokens_per_cycle"] > 5
+
+
+def test_random_weights_quantized_like_the_default_model():
+    """--random-weights builds E2B's shapes at 4 bits; the same builder at small widths must give
+    a quantized target and drafter that decode (E2B itself is too slow for MLX on a CPU)."""
+    sys.path.insert(0, str(BENCH))
+    import mlx.core as mx
+    import mlx.nn as nn
+    from common import SMALL, SMALL_ASSISTANT, random_drafter, random_target
+
+    from mlx_spec.engine import Engine
+
+    shape = dict(SMALL, hidden_size=128, vocab_size=4096,
+                 vocab_size_per_layer_input=4096, intermediate_size=256)
+    target = random_target(shape, bits=4)
+    drafter = random_drafter(dict(SMALL_ASSISTANT, vocab_size=4096), backbone=128)
+    assert isinstance(target.text_model.embed_tokens, nn.QuantizedEmbedding)
+    assert isinstance(target.text_model.embed_tokens_per_layer, nn.QuantizedEmbedding)
+    assert isinstance(target.text_model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
+    engine = Engine(target, drafter, tokenizer=None, stop_tokens=[])
+    result = engine.generate(list(range(1, 40)), max_tokens=12, draft_tokens=3)
+    assert len(result.tokens) == 12 and result.stats.drafted > 0
+    assert result.tokens == engine.generate(list(range(1, 40)), max_tokens=12, mtp=False).tokens
+    mx.clear_cache()
