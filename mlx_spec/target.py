@@ -101,9 +101,6 @@ class Target:
             FULL: (full.keys[..., : full.offset, :], full.values[..., : full.offset, :]),
         }
 
-    def cache_offset(self, cache: list) -> int:
-        return cache[0].offset if cache else 0
-
 
 def trim_cache(cache: list, n: int) -> None:
     """Drop the newest `n` positions from every layer's cache."""
