@@ -28,7 +28,7 @@ def main():
     engine = build_engine(args)
     info = machine()
     names = args.workloads.split(",") if args.workloads else None
-    results = {"machine": info, "models": describe_models(args, engine), "runs": []}
+    results = {"machine": info, "models": describe_models(args), "runs": []}
     print(header("Acceptance by kind of content", info, results["models"]))
     for sampling in args.sampling.split(","):
         settings = SAMPLING[sampling]

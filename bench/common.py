@@ -180,7 +180,7 @@ def random_embedding(rows: int, dims: int, bits, group_size: int, chunk: int = 8
     return embedding
 
 
-def describe_models(args, engine: Engine) -> dict:
+def describe_models(args) -> dict:
     if args.model:
         return {"target": args.model, "drafter": args.drafter}
     return {"target": f"random weights, {args.shape} shape", "drafter": f"random weights, {args.shape} shape"}

@@ -38,7 +38,7 @@ def main():
     anchor = run_mlx_lm(engine, prompt, greedy, args.max_tokens)
     off = run_ours(engine, prompt, greedy, args.max_tokens, mtp=False)
     reference = prompt + off["tokens"]
-    results = {"machine": info, "models": describe_models(args, engine), "g": g, "prompt_tokens": len(prompt),
+    results = {"machine": info, "models": describe_models(args), "g": g, "prompt_tokens": len(prompt),
                "max_tokens": args.max_tokens, "one_position_ms": one_ms, "R": r, "C": c,
                "mlx_lm_tps": anchor["tps"], "mtp_off_tps": off["tps"], "sweep": []}
     print(header("Controlled acceptance", info, {"g": g, "prompt": len(prompt), "tokens": args.max_tokens, **results["models"]}))

@@ -21,7 +21,7 @@ def main():
     info = machine()
     settings = SAMPLING[args.sampling]
     lengths = list(range(args.max_g + 1))
-    results = {"machine": info, "models": describe_models(args, engine), "sampling": args.sampling, "workloads": []}
+    results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, "workloads": []}
     print(header("Draft length", info, {"sampling": args.sampling, **results["models"]}))
     names = args.workloads.split(",") if args.workloads else None
     for name, prompt, max_tokens in workloads(engine, names):

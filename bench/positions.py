@@ -58,7 +58,7 @@ def main():
     weight_bytes = weight_bytes_per_pass(engine.target)
     bandwidth = chip_bandwidth(info["chip"]) if info["metal"] else None
     contexts = [int(c) for c in args.contexts.split(",")]
-    results = {"machine": info, "models": describe_models(args, engine), "repeats": args.repeats,
+    results = {"machine": info, "models": describe_models(args), "repeats": args.repeats,
                "weight_bytes_per_pass": weight_bytes, "target": [], "drafter": []}
     print(header("Target pass over N new positions", info, {"repeats": args.repeats, **results["models"]}))
     for context in contexts:

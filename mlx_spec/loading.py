@@ -128,7 +128,8 @@ def _check_type(ckpt: Checkpoint, what: str, expected: Tuple[str, ...]) -> None:
 
 
 def _text_config(config: dict) -> dict:
-    return config.get("text_config", config) if config.get("model_type") != "gemma4_text" else config
+    """The language model's config: the whole config for gemma4_text, else its text_config."""
+    return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
 
 
 def _normalize_text_config(text: dict) -> dict:
