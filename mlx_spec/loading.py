@@ -84,7 +84,8 @@ def _download(repo_id: str, what: str) -> Path:
         raise LoadError(f"{what} {repo_id}: no such folder, and no such repository on the hub") from None
     except LocalEntryNotFoundError:
         raise LoadError(
-            f"{what} {repo_id}: not downloaded yet and the hub cannot be reached (offline?)"
+            f"{what} {repo_id}: no such folder; as a hub repo it is not in the local cache either, "
+            "and the hub cannot be reached (offline?)"
         ) from None
 
 
@@ -169,57 +170,58 @@ def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
     return Target(model), ckpt
 
 
-def load_drafter(path_or_repo: str, quantize_bits: Optional[int] = None) -> Tuple[Assistant, Checkpoint]:
+def load_drafter(
+    path_or_repo: str, quantize_bits: Optional[int] = None, quantize_mode: Optional[str] = None
+) -> Tuple[Assistant, Checkpoint]:
+    """The MTP assistant, through mlx-lm's loader: checkpoints saved quantized come back in their
+    mode (affine, mxfp4, mxfp8, nvfp4), bits and group size, per-layer overrides included.
+    `quantize_bits` / `quantize_mode` quantize a full-precision drafter after loading."""
+    from mlx_lm.utils import load_model
+
     path = resolve(path_or_repo, "drafter")
     ckpt = read_checkpoint(path, "drafter")
     _check_type(ckpt, "drafter", DRAFTER_TYPES)
-    config = dict(ckpt.config)
-    if not isinstance(config.get("text_config"), dict):
+    if not isinstance(ckpt.config.get("text_config"), dict):
         raise LoadError(f"drafter {path}: config.json has no text_config")
-    config["text_config"] = _normalize_text_config(config["text_config"])
-    assistant = Assistant(AssistantConfig.from_dict(config, ckpt.generation_config))
-    weights = {}
-    for file in weight_files(path):
-        try:
-            weights.update(mx.load(file))
-        except (RuntimeError, ValueError) as e:
-            raise LoadError(f"drafter {file}: cannot read the safetensors file ({e})") from None
-    weights = assistant.sanitize(weights)
-    if "quantization" in config:
-        _quantize_like_checkpoint(assistant, config["quantization"], weights)
+    quantized = "quantization" in ckpt.config or "quantization_config" in ckpt.config
+    if quantized and (quantize_bits or quantize_mode):
+        raise LoadError(f"drafter {path}: already quantized; cannot quantize it again")
+
+    class Config:  # what mlx-lm's loader builds the model from
+        @staticmethod
+        def from_dict(config: dict) -> AssistantConfig:
+            return AssistantConfig.from_dict(config, ckpt.generation_config)
+
+    overrides = {"text_config": _normalize_text_config(ckpt.config["text_config"])}
     try:
-        assistant.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
+        assistant, _ = load_model(path, model_config=overrides, get_model_classes=lambda config: (Assistant, Config))
+    except (ValueError, RuntimeError, KeyError) as e:
         raise _mlx_error("drafter", path, e) from None
-    if quantize_bits is not None:
-        if "quantization" in config:
-            raise LoadError(f"drafter {path}: already quantized; cannot quantize it again")
-        quantize_drafter(assistant, quantize_bits)
-    assistant.eval()
-    mx.eval(assistant.parameters())
+    if quantize_bits or quantize_mode:
+        quantize_drafter(assistant, quantize_bits, quantize_mode or "affine")
     return assistant, ckpt
 
 
-def _quantize_like_checkpoint(module: nn.Module, quantization: dict, weights: dict) -> None:
-    """Turn the layers that were saved quantized (they carry `.scales`) into quantized layers."""
-    nn.quantize(
-        module,
-        group_size=quantization["group_size"],
-        bits=quantization["bits"],
-        class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights,
-    )
+# Each mode MLX quantizes in, with the bits and group size it allows (affine: 4 or 8 bits here).
+QUANT_MODES = {"affine": (None, 64), "mxfp4": (4, 32), "mxfp8": (8, 32), "nvfp4": (4, 16)}
 
 
-def quantize_drafter(assistant: Assistant, bits: int, group_size: int = 64) -> None:
-    if bits not in (4, 8):
+def quantize_drafter(assistant: Assistant, bits: Optional[int], mode: str = "affine") -> None:
+    if mode not in QUANT_MODES:
+        raise LoadError(f"drafter quantization mode must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
+    mode_bits, group_size = QUANT_MODES[mode]
+    if mode == "affine" and bits not in (4, 8):
         raise LoadError(f"drafter quantization must be 4 or 8 bits, got {bits}")
+    if mode_bits and bits not in (None, mode_bits):
+        raise LoadError(f"drafter quantization mode {mode} is {mode_bits}-bit, got {bits} bits")
 
     def fits(path: str, module: nn.Module) -> bool:
         if not hasattr(module, "to_quantized"):
             return False
         return module.weight.shape[-1] % group_size == 0
 
-    nn.quantize(assistant, group_size=group_size, bits=bits, class_predicate=fits)
+    nn.quantize(assistant, group_size=group_size, bits=bits or mode_bits, mode=mode, class_predicate=fits)
+    mx.eval(assistant.parameters())
 
 
 def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None:

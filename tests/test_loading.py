@@ -45,10 +45,12 @@ def test_missing_folder(tmp_path):
         load(str(tmp_path / "nowhere"), drafter=None)
 
 
-def test_hub_repo_not_available_offline(monkeypatch):
+def test_mistyped_folder_that_looks_like_a_hub_id(monkeypatch):
+    """`mlx/assistant-x` (one slash, no such folder) is tried as a hub id; offline, the error
+    says both: no such folder, and no such repo in the local cache."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(LoadError, match=r"not downloaded yet and the hub cannot be reached"):
-        resolve("mlx-spec-tests/no-such-model", "target")
+    with pytest.raises(LoadError, match=r"drafter mlx/assistant-x: no such folder; as a hub repo it is not in the local cache"):
+        resolve("mlx/assistant-x", "drafter")
 
 
 def test_hub_repo_that_does_not_exist(monkeypatch):
