@@ -99,6 +99,24 @@ class SlidingWindowCache:
         hi = self.offset - self.start
         return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
 
+    def snapshot(self) -> tuple:
+        """The cache as it stands, for `restore`. The buffers are referenced, not copied: the
+        next write copies them once (MLX writes in place only into a buffer nobody else holds)."""
+        return (self.keys[...] if self.keys is not None else None,
+                self.values[...] if self.values is not None else None,
+                self.offset, self.start, self.furthest)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Go back to a `snapshot`: the window as it stood then, trimmable by `max_trim` again."""
+        keys, values, self.offset, self.start, self.furthest = snapshot
+        # Fresh views, so that writes after this never reach the snapshot (it may be restored again).
+        self.keys = keys[...] if keys is not None else None
+        self.values = values[...] if values is not None else None
+
+    def trimmable_to(self, offset: int) -> bool:
+        """Whether `trim` can bring the cache back to `offset` positions."""
+        return self.furthest - self.max_trim <= offset <= self.offset
+
     def is_trimmable(self) -> bool:
         return True
 

@@ -18,15 +18,17 @@ from .adaptive import AdaptiveDraftLength
 from .drafters import Draft, DraftContext, Drafter
 from .reports import TokenReport, build_reports, report_arrays
 from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution, uniform_streams
+from .sequence import MAX_DRAFT_TOKENS, SequenceState
 from .target import Target, prefill, trim_cache
 
-MAX_DRAFT_TOKENS = 16
+__all__ = ["Decoder", "SequenceState", "Stats", "MAX_DRAFT_TOKENS"]
 ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
 
 
 @dataclass
 class Stats:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens that went through the target
+    prompt_reused: int = 0  # prompt tokens whose keys and values were already in the caches
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generation_seconds: float = 0.0
@@ -60,22 +62,6 @@ class Stats:
         out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
         out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance)
         return out
-
-
-class SequenceState:
-    """One sequence being decoded: the target's caches, the settled tokens (the last one is not
-    yet in the caches), and the target's hidden state at the last cached position."""
-
-    def __init__(self, target: Target):
-        # An early stop takes back a settled cycle and a queued one: up to 2 (g + 1) positions.
-        self.cache = target.make_cache(max_trim=2 * (MAX_DRAFT_TOKENS + 1))
-        self.tokens: List[int] = []
-        self.hidden: Optional[mx.array] = None
-        self.generated = 0  # tokens generated so far, the index of the next uniform
-
-    @property
-    def cached(self) -> int:
-        return self.cache[0].offset
 
 
 @dataclass
@@ -142,8 +128,18 @@ class Decoder:
                 f"generate exceed the model's {limit} positions"
             )
 
+    def start(self, state: SequenceState, tokens: List[int], max_tokens: int) -> None:
+        """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
+        prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
+        target, and the point is checkpointed for the next turn to come back to."""
+        held = state.rewind(tokens)
+        self.check_room(state, len(tokens) - held, max_tokens)
+        self.add_tokens(state, tokens[held:])
+        state.checkpoint()
+
     def add_tokens(self, state: SequenceState, tokens: List[int]) -> None:
-        """Append prompt tokens: all but the last go through the target now (in chunks)."""
+        """Append prompt tokens: all but the last go through the target now (in chunks). The
+        tokens generated after them are a new answer (its uniforms start again at index 0)."""
         if not tokens:
             raise SettingsError("the prompt is empty")
         vocab = self.target.vocab_size
@@ -151,8 +147,10 @@ class Decoder:
         if bad:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         start = time.perf_counter()
+        self.stats.prompt_reused += state.cached
         to_process = state.tokens[-1:] + tokens[:-1]
         state.tokens.extend(tokens)
+        state.generated = 0
         if to_process:
             state.hidden = prefill(self.target, mx.array([to_process]), state.cache, self.prefill_chunk)
             mx.eval(state.hidden)

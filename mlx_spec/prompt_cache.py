@@ -1,0 +1,45 @@
+"""A prompt cache shared by several conversations.
+
+An agent sends the whole conversation again with every request. The cache keeps the sequences
+of recent requests (their caches and checkpoints); a new prompt resumes the one it shares the
+longest token prefix with (`SequenceState.rewind`), so only what follows goes through the
+target. Memory is bounded: the least recently used sequences go first.
+"""
+
+from typing import List, Tuple
+
+from .sequence import SequenceState, common_prefix
+from .target import Target
+
+
+class PromptCache:
+    def __init__(self, target: Target, max_bytes: int, max_sequences: int = 16):
+        if max_bytes < 0 or max_sequences < 1:
+            raise ValueError(f"a prompt cache needs max_bytes >= 0 and max_sequences >= 1, got {max_bytes}, {max_sequences}")
+        self.target = target
+        self.max_bytes = max_bytes
+        self.max_sequences = max_sequences
+        self.sequences: List[SequenceState] = []  # least recently used first
+
+    def take(self, tokens: List[int]) -> Tuple[SequenceState, int]:
+        """The sequence to decode `tokens` in, and how many of them it already holds. The
+        sequence leaves the cache until it is given back."""
+        shared = [common_prefix(s.tokens, tokens) for s in self.sequences]
+        if shared and max(shared) > 0:
+            state = self.sequences.pop(shared.index(max(shared)))
+            return state, state.rewind(tokens)
+        return SequenceState(self.target), 0
+
+    def give_back(self, state: SequenceState) -> None:
+        """Keep a sequence (most recently used), then evict the oldest beyond the bounds."""
+        if state.tokens:
+            self.sequences.append(state)
+        while self.sequences and (len(self.sequences) > self.max_sequences or self.nbytes > self.max_bytes):
+            self.sequences.pop(0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.sequences)
+
+    def __len__(self) -> int:
+        return len(self.sequences)

@@ -1,0 +1,128 @@
+"""One sequence being decoded, and going back in it.
+
+A `SequenceState` holds the target's caches, the settled tokens (the last one is not yet in the
+caches) and the target's hidden state at the last cached position.
+
+Going back is the one mechanism behind chat sessions, the prompt cache and the decoding loop:
+- full-attention caches (mlx-lm's `KVCache`) can drop any number of their newest positions;
+- the sliding-window caches only `max_trim` below the furthest position they reached, since
+  older entries have left the window. A checkpoint keeps them as they stood at a chosen point
+  (the end of a prompt): a reference to their buffers, no copy until the next write, which
+  copies each buffer once (about 10 MB for Gemma 4 E2B; see `Checkpoint.nbytes`).
+
+`rewind(tokens)` goes back to the longest prefix of `tokens` the state can resume from: by
+trimming where the sliding caches allow it; else from the latest checkpoint at or a few tokens
+after that point, trimmed (Gemma 4's empty thought channel at the end of a prompt, which the
+template leaves out when it renders the history); else from the latest checkpoint before it.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import mlx.core as mx
+
+from .cache import SlidingWindowCache
+from .target import Target, trim_cache
+
+MAX_DRAFT_TOKENS = 16
+# An early stop takes back a settled cycle and a queued one: up to 2 (g + 1) positions.
+MAX_TRIM = 2 * (MAX_DRAFT_TOKENS + 1)
+MAX_CHECKPOINTS = 4
+
+
+@dataclass
+class Checkpoint:
+    length: int  # settled tokens at the checkpoint; the caches held length - 1 positions
+    sliding: Dict[int, tuple]  # cache index -> SlidingWindowCache.snapshot()
+    hidden: Optional[mx.array]
+
+    @property
+    def nbytes(self) -> int:
+        """What the checkpoint holds once the caches have moved on (their buffers' size)."""
+        return sum(k.nbytes + v.nbytes for k, v, *_ in self.sliding.values() if k is not None)
+
+
+class SequenceState:
+    """The target's caches, the settled tokens and the last hidden state of one sequence."""
+
+    def __init__(self, target: Target, max_trim: int = MAX_TRIM):
+        self.target = target
+        self.max_trim = max_trim
+        self.clear()
+
+    def clear(self) -> None:
+        self.cache = self.target.make_cache(max_trim=self.max_trim)
+        self.tokens: List[int] = []
+        self.hidden: Optional[mx.array] = None
+        self.generated = 0  # tokens generated in the current answer, the index of the next uniform
+        self.checkpoints: List[Checkpoint] = []
+
+    @property
+    def cached(self) -> int:
+        return self.cache[0].offset
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the caches and what the checkpoints keep alive."""
+        held = sum(c.keys.nbytes + c.values.nbytes for c in self.cache if c.keys is not None)
+        return held + sum(cp.nbytes for cp in self.checkpoints)
+
+    def _sliding(self):
+        return [(i, c) for i, c in enumerate(self.cache) if isinstance(c, SlidingWindowCache)]
+
+    def checkpoint(self) -> None:
+        """Remember this point (every token settled) so that `rewind` can come back to it."""
+        if not self.tokens or self.cached != len(self.tokens) - 1:
+            raise ValueError("a checkpoint needs a settled state: every token but the last in the caches")
+        if self.checkpoints and self.checkpoints[-1].length == len(self.tokens):
+            self.checkpoints.pop()
+        sliding = {i: c.snapshot() for i, c in self._sliding()}
+        self.checkpoints.append(Checkpoint(len(self.tokens), sliding, self.hidden))
+        del self.checkpoints[:-MAX_CHECKPOINTS]
+
+    def rewind(self, tokens: Sequence[int]) -> int:
+        """Go back to the longest prefix of `tokens` this state can resume from, and return its
+        length. The last of `tokens` is never kept: it must go through the target again, for
+        the logits of what follows."""
+        common = common_prefix(self.tokens, tokens)
+        keep = min(common, len(tokens) - 1)
+        if keep == len(self.tokens):
+            return keep
+        length, checkpoint = self._resume_point(keep)
+        if length == 0:
+            self.clear()
+            return 0
+        if checkpoint is not None:
+            for i, c in enumerate(self.cache):
+                if i in checkpoint.sliding:
+                    c.restore(checkpoint.sliding[i])
+                else:  # full attention: its older positions never changed
+                    c.trim(c.offset - (checkpoint.length - 1))
+            self.hidden = checkpoint.hidden
+        if self.cached > length - 1:
+            trim_cache(self.cache, self.cached - (length - 1))
+            self.hidden = None  # unknown here; the next tokens added give it again
+        del self.tokens[length:]
+        self.checkpoints = [cp for cp in self.checkpoints if cp.length <= length]
+        return length
+
+    def _resume_point(self, keep: int):
+        """(length, checkpoint or None): the longest prefix of at most `keep` tokens to go
+        back to, and the checkpoint to restore first."""
+        target = keep - 1  # cache positions to hold
+        if all(c.trimmable_to(target) for _, c in self._sliding()):
+            return keep, None
+        for cp in reversed(self.checkpoints):
+            if 0 <= (cp.length - 1) - target <= self.max_trim:
+                return keep, cp
+        before = [cp for cp in self.checkpoints if cp.length <= keep]
+        return (before[-1].length, before[-1]) if before else (0, None)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,143 @@
+"""Going back in a sequence (`SequenceState.rewind` and checkpoints), the one mechanism behind
+chat sessions and the prompt cache: wherever it resumes from, what follows is exactly what a
+fresh sequence over the same tokens gives, past the sliding window."""
+
+import numpy as np
+import pytest
+
+import tiny
+from mlx_spec.prompt_cache import PromptCache
+from mlx_spec.sequence import MAX_CHECKPOINTS, MAX_TRIM, SequenceState
+
+PROMPT = 3 * tiny.WINDOW
+ANSWER = 6 * tiny.WINDOW  # longer than the sliding caches can trim back (MAX_TRIM)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return np.random.RandomState(7).randint(5, tiny.VOCAB, size=400).tolist()
+
+
+def answer(engine, state, n=ANSWER, **settings):
+    decoder = engine.decoder(**settings)
+    return [r.token for r in decoder.generate(state, n)]
+
+
+def start(engine, state, tokens, **settings):
+    decoder = engine.decoder(**settings)
+    decoder.start(state, tokens, 1)
+    return decoder.stats
+
+
+def fresh(engine, tokens, n=30, **settings):
+    state = SequenceState(engine.target)
+    start(engine, state, tokens, **settings)
+    return answer(engine, state, n, **settings)
+
+
+def conversation(engine, tokens):
+    """A state that took a prompt (checkpointed) and generated an answer past what it can trim."""
+    state = SequenceState(engine.target)
+    start(engine, state, tokens[:PROMPT])
+    answer(engine, state)
+    assert ANSWER > MAX_TRIM and state.cache[0].furthest - MAX_TRIM > PROMPT
+    return state
+
+
+@pytest.mark.parametrize("back", [1, 3, 6])
+def test_rewind_a_few_tokens_before_the_checkpoint(engine, tokens, back):
+    """Gemma 4's empty thought channel ends every prompt and is left out of the history: the
+    new rendering leaves the prompt a few tokens before its end."""
+    state = conversation(engine, tokens)
+    new = tokens[: PROMPT - back] + tokens[200:240]
+    assert state.rewind(new) == PROMPT - back
+    stats = start(engine, state, new)
+    assert stats.prompt_reused == PROMPT - back - 1 and stats.prompt_tokens == len(new) - (PROMPT - back)
+    assert answer(engine, state, 30) == fresh(engine, new)
+
+
+def test_rewind_into_the_answer_goes_back_to_the_checkpoint(engine, tokens):
+    state = conversation(engine, tokens)
+    held = list(state.tokens)
+    new = held[: PROMPT + ANSWER // 2] + tokens[300:320]  # differs in the middle of the answer
+    assert state.rewind(new) == PROMPT  # the checkpoint at the end of the prompt
+    start(engine, state, new)
+    assert answer(engine, state, 30) == fresh(engine, new)
+
+
+def test_rewind_near_the_end_trims(engine, tokens):
+    state = conversation(engine, tokens)
+    held = list(state.tokens)
+    new = held[:-5] + tokens[300:310]
+    assert state.rewind(new) == len(held) - 5
+    start(engine, state, new)
+    assert answer(engine, state, 30) == fresh(engine, new)
+
+
+def test_extension_keeps_everything_and_a_repeat_redoes_the_last_token(engine, tokens):
+    state = conversation(engine, tokens)
+    held = list(state.tokens)
+    assert state.rewind(held + [7, 8]) == len(held)
+    assert state.rewind(held) == len(held) - 1
+
+
+def test_no_usable_point_starts_over(engine, tokens):
+    state = conversation(engine, tokens)
+    state.checkpoints.clear()
+    new = tokens[:10] + tokens[300:330]
+    assert state.rewind(new) == 0 and state.cached == 0 and state.tokens == []
+    start(engine, state, new)
+    assert answer(engine, state, 30) == fresh(engine, new)
+
+
+def test_one_checkpoint_serves_two_continuations(engine, tokens):
+    """Restoring a checkpoint and writing after it must not change the checkpoint."""
+    state = conversation(engine, tokens)
+    for other in (tokens[300:340], tokens[340:380]):
+        new = tokens[:PROMPT] + other
+        assert state.rewind(new) == PROMPT
+        start(engine, state, new)
+        got = answer(engine, state, ANSWER)
+        assert got[:30] == fresh(engine, new)
+
+
+def test_sampled_answers_after_a_rewind_equal_fresh_ones(engine, tokens):
+    settings = dict(temperature=1.0, top_k=40, top_p=0.9, seed=3)
+    state = conversation(engine, tokens)
+    new = tokens[: PROMPT - 4] + tokens[200:230]
+    start(engine, state, new, **settings)
+    assert answer(engine, state, 40, **settings) == fresh(engine, new, 40, **settings)
+
+
+def test_checkpoints_are_bounded_and_settled(engine, tokens):
+    state = SequenceState(engine.target)
+    with pytest.raises(ValueError, match="needs a settled state"):
+        state.checkpoint()
+    for i in range(MAX_CHECKPOINTS + 3):
+        start(engine, state, tokens[: 20 * (i + 1)])
+    assert [cp.length for cp in state.checkpoints] == [20 * (i + 1) for i in range(3, MAX_CHECKPOINTS + 3)]
+    sliding = [c for c in state.cache if hasattr(c, "snapshot")]
+    assert state.checkpoints[-1].nbytes == sum(c.nbytes for c in sliding)
+
+
+def test_prompt_cache_resumes_the_closest_conversation_within_its_bounds(engine, tokens):
+    cache = PromptCache(engine.target, max_bytes=10**9, max_sequences=2)
+    a, b = tokens[:40], tokens[100:140]
+    for prompt in (a, b):
+        state, held = cache.take(prompt)
+        assert held == 0
+        start(engine, state, prompt)
+        answer(engine, state, 20)
+        cache.give_back(state)
+    resumed = a + [9, 10, 11]
+    state, held = cache.take(resumed)
+    assert held == 40 and len(cache) == 1  # conversation a, out of the cache while in use
+    start(engine, state, resumed)
+    assert answer(engine, state, 30) == fresh(engine, resumed)
+    cache.give_back(state)
+    cache.give_back(SequenceState(engine.target))  # an empty sequence is not kept
+    assert len(cache) == 2
+    newest = cache.sequences[-1]
+    cache.max_bytes = newest.nbytes  # room for the newest only: the oldest goes
+    cache.give_back(SequenceState(engine.target))
+    assert cache.sequences == [newest]
