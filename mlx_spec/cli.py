@@ -10,18 +10,20 @@ from typing import List, Optional
 import click
 
 from .decoder import MAX_DRAFT_TOKENS
-from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, LoadError
+from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, QUANT_MODES, LoadError
 from .sampling import SamplingSettings, SettingsError
 
 HELP = """Commands: /reset (forget the conversation), /stats (session figures),
-/mtp on|off (drafting), /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
+/mtp on|off (drafting), /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
 
 
 def model_options(f):
     options = [
         click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target: hub id or folder."),
         click.option("--drafter", default=DEFAULT_DRAFTER, show_default=True, help="MTP drafter: hub id or folder."),
-        click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter."),
+        click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter to 4 or 8 bits."),
+        click.option("--drafter-mode", type=click.Choice(QUANT_MODES), default=None,
+                     help="Quantization mode for the drafter [default: affine; mxfp4, mxfp8 and nvfp4 set their own bits]."),
         click.option("--no-mtp", is_flag=True, help="Decode with the target alone (no drafter is loaded)."),
         click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: chosen each cycle]."),
         click.option("--no-lookup", is_flag=True, help="No prompt-lookup guesses (the MTP drafter's only)."),
@@ -30,6 +32,7 @@ def model_options(f):
         click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p; 1 turns it off."),
         click.option("--seed", type=int, default=None, help="Random seed."),
         click.option("--max-tokens", "-m", type=int, default=512, show_default=True, help="Tokens per answer."),
+        click.option("--thinking", is_flag=True, help="Let the model think before it answers (shown dimmed)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -45,11 +48,11 @@ def check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens) -> None:
         raise SettingsError(f"--max-tokens must be >= 1, got {max_tokens}")
 
 
-def load_engine(model, drafter, drafter_bits, no_mtp):
+def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp):
     from .engine import load
 
     bits = int(drafter_bits) if drafter_bits else None
-    return load(model, None if no_mtp else drafter, bits)
+    return load(model, None if no_mtp else drafter, bits, drafter_mode)
 
 
 def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup) -> dict:
@@ -67,12 +70,13 @@ def cli():
 @model_options
 @click.option("--system-prompt", default=None, help="System prompt for the conversation.")
 @click.option("--show-probs", is_flag=True, help="Colour tokens by probability; underline kept guesses.")
-def chat(model, drafter, drafter_bits, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens, system_prompt, show_probs):
+def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
+         thinking, system_prompt, show_probs):
     """Chat with Gemma 4; the KV cache is kept across turns."""
     check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
-    engine = load_engine(model, drafter, drafter_bits, no_mtp)
+    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
     session = engine.chat(
-        system_prompt=system_prompt, max_tokens=max_tokens,
+        system_prompt=system_prompt, max_tokens=max_tokens, thinking=thinking,
         **decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
     )
     interactive = sys.stdin.isatty()
@@ -98,7 +102,7 @@ def chat(model, drafter, drafter_bits, no_mtp, draft_tokens, no_lookup, temp, to
             except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
                 click.echo(f"[{e}; /reset starts over]")
                 continue
-        click.echo()
+        printer.end()
         stats = session.last_stats
         totals["turns"] += 1
         totals["tokens"] += stats.generated_tokens
@@ -132,11 +136,15 @@ def run_command(line: str, session, totals: dict, engine) -> None:
         kept = f"{totals['kept']}/{totals['drafted']}"
         click.echo(
             f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
-            f"{session.state.cached} positions cached, mtp {'off' if session.settings.get('mtp') is False else 'on'}]"
+            f"{session.state.cached} positions cached, mtp {'off' if session.settings.get('mtp') is False else 'on'}, "
+            f"thinking {'on' if session.thinking else 'off'}]"
         )
     elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
         session.set(mtp=None if parts[1] == "on" else False)
         click.echo(f"[mtp {parts[1]}]")
+    elif name == "/thinking" and len(parts) == 2 and parts[1] in ("on", "off"):
+        session.set(thinking=parts[1] == "on")
+        click.echo(f"[thinking {parts[1]}]")
     elif name == "/help":
         click.echo(HELP)
     else:
@@ -170,29 +178,48 @@ def stats_line(stats) -> str:
     memory = f"{gb:.2f} GB" if gb >= 1 else f"{gb * 1000:.0f} MB"
     return (
         f"[{stats.generated_tokens} tokens, {stats.generation_tps:.1f} tok/s, "
-        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tps:.1f} tok/s, {kept}, "
+        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tps:.1f} tok/s ({stats.prompt_reused} reused), {kept}, "
         f"peak memory {memory}]"
     )
 
 
 class TokenPrinter:
-    """Prints tokens as they settle. With --show-probs: in a terminal, colour by probability
-    (green likely, yellow unsure, red unlikely) and underline kept guesses; when piped, plain
-    text with [probability%, * for a kept guess] after each token."""
+    """Prints tokens as they settle. A thought is dimmed in a terminal and set between
+    `[thinking]` and `[/thinking]` lines when piped; a tool call shows as `[tool call: ...]`.
+    With --show-probs: in a terminal, colour by probability (green likely, yellow unsure, red
+    unlikely) and underline kept guesses; when piped, [probability%, * for a kept guess] after
+    each token."""
 
     def __init__(self, show_probs: bool, terminal: bool):
         self.show_probs, self.terminal = show_probs, terminal
+        self.channel = "answer"
 
     def print(self, report) -> None:
+        self._switch(report.channel)
         text = report.text or ""
         if self.show_probs and report.prob is not None and text:
             if self.terminal:
                 colour = "green" if report.prob >= 0.8 else "yellow" if report.prob >= 0.3 else "red"
-                text = click.style(text, fg=colour, underline=report.drafted)
+                text = click.style(text, fg=colour, underline=report.drafted, dim=report.channel == "thought")
             else:
                 text = f"{text}[{100 * report.prob:.0f}%{'*' if report.drafted else ''}]"
+        elif self.terminal and report.channel == "thought":
+            text = click.style(text, dim=True)
         click.echo(text, nl=False)
         sys.stdout.flush()
+
+    def _switch(self, channel: str) -> None:
+        if channel == self.channel:
+            return
+        closing = {"thought": "[/thinking]\n" if not self.terminal else "\n", "tool_call": "]"}
+        opening = {"thought": "[thinking]\n" if not self.terminal else "", "tool_call": "[tool call: "}
+        click.echo(closing.get(self.channel, "") + opening.get(channel, ""), nl=False)
+        self.channel = channel
+
+    def end(self) -> None:
+        """After an answer: close an open channel and the line."""
+        self._switch("answer")
+        click.echo()
 
 
 @cli.command()
@@ -201,31 +228,33 @@ class TokenPrinter:
 @click.option("--system-prompt", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as plain text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per token, then a stats line.")
-def generate(model, drafter, drafter_bits, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens, prompt, system_prompt, raw, as_json):
+def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
+             thinking, prompt, system_prompt, raw, as_json):
     """Answer one prompt."""
     check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
-    engine = load_engine(model, drafter, drafter_bits, no_mtp)
+    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     request = prompt if raw else messages + [{"role": "user", "content": prompt}]
     decoder = engine.decoder(**decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup))
     steps = []
-    for report in engine.stream(request, max_tokens=max_tokens, decoder=decoder):
+    printer = TokenPrinter(False, sys.stdout.isatty())
+    for report in engine.stream(request, max_tokens=max_tokens, thinking=thinking, decoder=decoder):
         steps.append(report)
         if as_json:
             click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
         else:
-            click.echo(report.text or "", nl=False)
+            printer.print(report)
     result = engine.result(steps, decoder.stats)
     if as_json:
         summary = {
-            "stats": result.stats.to_dict(), "text": result.text,
+            "stats": result.stats.to_dict(), "text": result.text, "thinking": result.thinking,
             "finish_reason": result.finish_reason, "tool_calls": result.tool_calls,
         }
         click.echo(json.dumps(summary, ensure_ascii=False))
     else:
-        click.echo()
+        printer.end()
         click.echo(stats_line(result.stats), err=True)
 
 

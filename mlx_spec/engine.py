@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .assistant import Assistant
-from .chat import ChatSession, parse_tool_calls
+from .chat import ChatSession
+from .chat_format import ANSWER, THOUGHT, Channels, for_template, parse_tool_calls
 from .decoder import Decoder, SequenceState, Stats
 from .drafters import Drafter, LookupThenMTP, MTPDrafter, PromptLookup
+from .prompt_cache import PromptCache
 from .loading import (
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
@@ -31,11 +33,12 @@ Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]]]
 @dataclass
 class GenerationResult:
     tokens: List[int]  # generated ids, a stop token included when one ended the answer
-    text: str  # the generated text, stop tokens left out ("" without a tokenizer)
+    text: str  # the answer: no thought, no tool-call markup, no stop token ("" without a tokenizer)
     steps: List[TokenReport]
     stats: Stats
-    finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
-    tool_calls: List[Dict[str, Any]] = field(default_factory=list)
+    finish_reason: str  # "tool_calls", "stop" (a stop token) or "length" (max_tokens)
+    tool_calls: List[Dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments"}]
+    thinking: str = ""  # the thought, when thinking was on and the model thought
 
 
 class Engine:
@@ -61,15 +64,18 @@ class Engine:
 
     # -- prompts and text ------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt, tools: Optional[List[dict]] = None) -> List[int]:
+    def encode(self, prompt: Prompt, tools: Optional[List[dict]] = None, thinking: bool = False) -> List[int]:
         """Token ids for a prompt: ids as given, a string as text, messages through the chat
-        template (with a generation prompt)."""
+        template (with a generation prompt; thinking on or off, always said explicitly, since
+        mlx-lm would turn it on for any tokenizer that has thinking tokens)."""
         if isinstance(prompt, str):
             return list(self._require_tokenizer("a text prompt").encode(prompt))
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if prompt and all(isinstance(m, dict) for m in prompt):
             tokenizer = self._require_tokenizer("chat messages")
-            return list(tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True))
+            return list(tokenizer.apply_chat_template(
+                for_template(prompt), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking)
+            ))
         if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
             return [int(t) for t in prompt]
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
@@ -131,16 +137,22 @@ class Engine:
         *,
         max_tokens: int = 256,
         tools: Optional[List[dict]] = None,
+        thinking: bool = False,
         decoder: Optional[Decoder] = None,
+        cache: Optional[PromptCache] = None,
         **settings,
     ) -> Iterator[TokenReport]:
-        """Yield a report for every generated token as it settles (see `generate`)."""
+        """Yield a report for every generated token as it settles (see `generate`). With a
+        `PromptCache`, a prompt that starts like an earlier one resumes its sequence."""
         decoder = decoder or self.decoder(**settings)
-        tokens = self.encode(prompt, tools)
-        state = SequenceState(self.target)
-        decoder.check_room(state, len(tokens), max_tokens)
-        decoder.add_tokens(state, tokens)
-        yield from self.with_text(decoder.generate(state, max_tokens))
+        tokens = self.encode(prompt, tools, thinking)
+        state = cache.take(tokens)[0] if cache is not None else SequenceState(self.target)
+        try:
+            decoder.start(state, tokens, max_tokens)
+            yield from self.with_text(decoder.generate(state, max_tokens))
+        finally:
+            if cache is not None:
+                cache.give_back(state)
 
     def generate(
         self,
@@ -157,6 +169,8 @@ class Engine:
         lookup: bool = True,
         report: bool = True,
         tools: Optional[List[dict]] = None,
+        thinking: bool = False,
+        cache: Optional[PromptCache] = None,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens; the output is exactly the target's alone.
 
@@ -166,25 +180,30 @@ class Engine:
         chosen each cycle from the measured acceptance and costs; `draft_tokens` fixes it.
         mtp=False decodes with the target alone (True insists on a loaded assistant); `drafter`
         replaces both with any object following the drafter protocol. report=False skips the
-        per-token distribution figures.
+        per-token distribution figures. thinking=True lets the model think first (its thought
+        comes back apart, in `result.thinking`). `tools`: OpenAI-style function declarations.
         """
         decoder = self.decoder(
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, mtp=mtp,
             draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
         )
-        steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, decoder=decoder))
+        steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, thinking=thinking, decoder=decoder, cache=cache))
         return self.result(steps, decoder.stats)
 
     def result(self, steps: List[TokenReport], stats: Stats) -> GenerationResult:
         """The result of a finished generation from its reports."""
         tokens = [s.token for s in steps]
-        finish = "stop" if tokens and tokens[-1] in self.stop_tokens else "length"
-        text = self.decode(tokens)
-        return GenerationResult(tokens, text, steps, stats, finish, parse_tool_calls(text))
+        calls = parse_tool_calls(self.decode(tokens))
+        finish = "tool_calls" if calls else "stop" if tokens and tokens[-1] in self.stop_tokens else "length"
+        text = "".join(s.text or "" for s in steps if s.channel == ANSWER)
+        thinking = "".join(s.text or "" for s in steps if s.channel == THOUGHT)
+        return GenerationResult(tokens, text, steps, stats, finish, calls, thinking)
 
-    def chat(self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None, **settings) -> ChatSession:
+    def chat(
+        self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None, thinking: bool = False, **settings
+    ) -> ChatSession:
         """A multi-turn session that keeps the caches between turns (settings as `generate`)."""
-        return ChatSession(self, system_prompt=system_prompt, tools=tools, **settings)
+        return ChatSession(self, system_prompt=system_prompt, tools=tools, thinking=thinking, **settings)
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole)."""
@@ -193,12 +212,13 @@ class Engine:
             return
         detok = self.tokenizer.detokenizer
         detok.reset()
+        channels = Channels(self.tokenizer)
         for report in reports:
             if report.token in self.stop_tokens:
                 report.text = ""
             else:
                 detok.add_token(report.token)
-                report.text = detok.last_segment
+                report.channel, report.text = channels.feed(report.token, detok.last_segment)
             report.top = [(t, p, self.piece(t)) for t, p, _ in report.top]
             yield report
 
@@ -207,16 +227,18 @@ def load(
     model: str = DEFAULT_TARGET,
     drafter: Optional[str] = DEFAULT_DRAFTER,
     drafter_bits: Optional[int] = None,
+    drafter_mode: Optional[str] = None,
 ) -> Engine:
     """Load the Gemma 4 target and (unless `drafter` is None) its MTP assistant.
 
-    `model` and `drafter` are hub repo ids or local folders. `drafter_bits` (4 or 8) quantizes
-    the drafter after loading. Raises `LoadError` with a message naming the problem.
+    `model` and `drafter` are hub repo ids or local folders. `drafter_bits` (4 or 8) and
+    `drafter_mode` (affine, mxfp4, mxfp8, nvfp4) quantize the drafter after loading. Raises
+    `LoadError` with a message naming the problem.
     """
     target, target_ckpt = load_target(model)
     assistant, drafter_path = None, None
     if drafter is not None:
-        assistant, drafter_ckpt = load_drafter(drafter, quantize_bits=drafter_bits)
+        assistant, drafter_ckpt = load_drafter(drafter, drafter_bits, drafter_mode)
         drafter_path = drafter_ckpt.path
         check_pair(target, assistant, drafter_path)
     tokenizer = load_tokenizer(target_ckpt)

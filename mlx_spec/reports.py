@@ -21,7 +21,8 @@ class TokenReport:
     token: int
     drafted: bool  # a kept guess, rather than the target's own pick
     cycle: int
-    text: Optional[str] = None  # the token's text piece, when a tokenizer is loaded
+    text: Optional[str] = None  # the text it shows, when a tokenizer is loaded ("" for markers)
+    channel: str = "answer"  # "answer", "thought" or "tool_call" (see chat_format.Channels)
     prob: Optional[float] = None  # probability in the model's own distribution (softmax)
     rank: Optional[int] = None  # 1 = the model's most likely token
     sampling_prob: Optional[float] = None  # in the sampling distribution (1.0 when greedy)

@@ -13,7 +13,9 @@ import pytest
 
 from mlx_spec import load
 
-STATS = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s, (.*), peak memory .*\]$", re.M)
+STATS = re.compile(
+    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s \(\d+ reused\), (.*), peak memory .*\]$", re.M
+)
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
 
 
@@ -50,7 +52,7 @@ def test_chat_session_through_stdin(checkpoints):
     assert third.startswith("[session: 2 turns") and third.endswith("[mtp off]\n" + first)
     assert len(first.strip()) > 0
     assert "[conversation cleared]" in out.stdout and "[mtp off]" in out.stdout
-    assert re.search(r"\[session: 2 turns, \d+ tokens, guesses kept \d+/\d+, \d+ positions cached, mtp on\]", out.stdout)
+    assert re.search(r"\[session: 2 turns, \d+ tokens, guesses kept \d+/\d+, \d+ positions cached, mtp on, thinking off\]", out.stdout)
     assert re.search(r"\[session: 3 turns, .* 0 positions cached|\[session: 3 turns, .* mtp off\]", out.stdout)
 
 

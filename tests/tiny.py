@@ -4,8 +4,8 @@ They keep the real structure (sliding + full layers, K/V sharing, per-layer embe
 double-wide MLPs on shared layers, softcap, proportional RoPE, the assistant's centroid head)
 at toy widths, with a sliding window of 12 so tests cross it, and every parameter randomised
 (norm scales and layer scalars too) so that a wrong formula cannot hide behind a weight of one.
-The tokenizer is a real BPE trained locally with `tokenizers`, with Gemma 4's special tokens
-and a Gemma 4 style chat template.
+The tokenizer is a real BPE trained locally with `tokenizers`, with Gemma 4's special tokens at
+their real ids and Google's own chat template.
 """
 
 import json
@@ -21,38 +21,28 @@ ROPE = {
     FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
     SLIDING: {"rope_theta": 1e4, "rope_type": "default"},
 }
-SPECIAL_TOKENS = [
-    "<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|tool>", "<tool|>",
-    "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>',
-    "<|channel>", "<channel|>", "<mask>",
-]
+# Gemma 4's special tokens at their real ids; the ids in between are unused placeholders, as
+# the real vocabulary has them.
+REAL_SPECIAL_IDS = {
+    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4,
+    "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
+    "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
+    "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
+}
+_BY_ID = {i: name for name, i in REAL_SPECIAL_IDS.items()}
+SPECIAL_TOKENS = [_BY_ID.get(i, f"<unused{i}>") for i in range(max(_BY_ID) + 1)]
 EOS_ID = 1
-END_OF_TURN_ID = SPECIAL_TOKENS.index("<turn|>")
+END_OF_TURN_ID = REAL_SPECIAL_IDS["<turn|>"]
+TOOL_RESPONSE_ID = REAL_SPECIAL_IDS["<|tool_response>"]
+# Google's published chat template (a copy lives in the shared folder beside the repository).
+REFERENCE_TEMPLATE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma4-chat-template.jinja"
+NO_TEMPLATE = f"Google's chat template is not at {REFERENCE_TEMPLATE} (the shared folder beside the repository)"
 
-CHAT_TEMPLATE = r"""{{- bos_token -}}
-{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none -%}
-{%- if system is not none or tools -%}
-{{- '<|turn>system\n' -}}
-{%- if system is not none -%}{{- system -}}{%- endif -%}
-{%- for tool in tools or [] -%}
-{{- '<|tool>declaration:' + tool['function']['name'] + tool['function'] | tojson + '<tool|>' -}}
-{%- endfor -%}
-{{- '<turn|>\n' -}}
-{%- endif -%}
-{%- for message in messages -%}
-{%- if message['role'] == 'system' -%}
-{%- elif message['role'] == 'tool' -%}
-{{- '<|turn>user\n<|tool_response>response:' + (message.get('name') or 'tool') + '{value:<|"|>' + message['content'] + '<|"|>}<tool_response|><turn|>\n' -}}
-{%- else -%}
-{{- '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}
-{%- if message.get('content') -%}{{- message['content'] -}}{%- endif -%}
-{%- for call in message.get('tool_calls') or [] -%}
-{{- '<|tool_call>call:' + call['function']['name'] + call['function']['arguments'] | tojson + '<tool_call|>' -}}
-{%- endfor -%}
-{{- '<turn|>\n' -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|turn>model\n' -}}{%- endif -%}"""
+
+def reference_template():
+    """Google's Gemma 4 chat template, or None where the shared folder is absent."""
+    return REFERENCE_TEMPLATE.read_text() if REFERENCE_TEMPLATE.is_file() else None
+
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -75,8 +65,8 @@ def _text_config(**overrides):
         num_key_value_heads=1, head_dim=32, global_head_dim=64, hidden_size_per_layer_input=16,
         num_kv_shared_layers=4, sliding_window=WINDOW, final_logit_softcapping=30.0,
         use_double_wide_mlp=True, layer_types=layer_types, rope_parameters=ROPE,
-        max_position_embeddings=4096, initializer_range=0.05, pad_token_id=0, eos_token_id=EOS_ID,
-        bos_token_id=2,
+        max_position_embeddings=4096, initializer_range=0.05, pad_token_id=0,
+        eos_token_id=[EOS_ID, END_OF_TURN_ID], bos_token_id=2,
     )
     config.update(overrides)
     return Gemma4TextConfig(**config)
@@ -156,7 +146,8 @@ def build_assistant(
 
 
 def save_tokenizer(folder: Path) -> None:
-    """A byte-level BPE over a small corpus, with Gemma 4's special tokens and chat template."""
+    """A byte-level BPE over a small corpus, with Gemma 4's special tokens at their real ids,
+    Google's chat template (when the shared folder has it), and the real stop tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -169,13 +160,17 @@ def save_tokenizer(folder: Path) -> None:
     )
     tok.train_from_iterator(CORPUS * 4, trainer)
     assert tok.get_vocab_size() <= VOCAB
+    assert all(tok.token_to_id(name) == i for name, i in REAL_SPECIAL_IDS.items())
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[4:],
+        unk_token="<unk>", mask_token="<mask>", additional_special_tokens=SPECIAL_TOKENS[5:],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    template = reference_template()
+    if template is not None:
+        fast.chat_template = template
     fast.save_pretrained(folder)
+    # As the real checkpoints: a tool call ends when the model writes <|tool_response>.
     gen = Path(folder) / "generation_config.json"
     config = json.loads(gen.read_text()) if gen.exists() else {}
-    config["eos_token_id"] = [EOS_ID, END_OF_TURN_ID]
+    config["eos_token_id"] = [EOS_ID, END_OF_TURN_ID, TOOL_RESPONSE_ID]
     gen.write_text(json.dumps(config, indent=2))

@@ -1,0 +1,124 @@
+"""Gemma 4's chat format as the model writes it: thought and tool-call channels, tool calls,
+and the messages that carry an answer and a tool's result back into the conversation.
+
+The model writes a thought as `<|channel>thought\\n...<channel|>` and a tool call as
+`<|tool_call>call:NAME{key:<|"|>value<|"|>,...}<tool_call|>`, then `<|tool_response>` (a stop
+token: the caller runs the tool). Google's template renders the history without the thoughts
+(except a tool-calling turn's, passed as `reasoning`), and a tool's result inside the model's
+turn, matched to its call by `tool_call_id`.
+"""
+
+import re
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+from mlx_lm.tool_parsers import gemma4 as gemma4_tools
+
+Message = Dict[str, Any]
+ANSWER, THOUGHT, TOOL_CALL = "answer", "thought", "tool_call"
+CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
+TOOL_CALL_BLOCK = re.compile(
+    re.escape(gemma4_tools.tool_call_start) + r"(.*?)" + re.escape(gemma4_tools.tool_call_end), re.DOTALL
+)
+
+
+def parse_tool_calls(text: str) -> List[Dict[str, Any]]:
+    """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}], parsed with mlx-lm's
+    Gemma 4 parser. A malformed call is left out."""
+    calls = []
+    for body in TOOL_CALL_BLOCK.findall(text):
+        try:
+            parsed = gemma4_tools.parse_tool_call(body)
+        except ValueError:  # json.JSONDecodeError is a ValueError too
+            continue
+        for call in parsed if isinstance(parsed, list) else [parsed]:
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", **call})
+    return calls
+
+
+class Channels:
+    """Which channel each generated token is in, and the text it shows there. The markers and
+    the thought's `thought\\n` label show no text; a tool call's body shows as written."""
+
+    def __init__(self, tokenizer):
+        def token_id(piece: str) -> Optional[int]:
+            found = tokenizer.convert_tokens_to_ids(piece) if tokenizer is not None else None
+            return found if isinstance(found, int) and found != getattr(tokenizer, "unk_token_id", None) else None
+
+        self.opens = {token_id(CHANNEL_START): THOUGHT, token_id(gemma4_tools.tool_call_start): TOOL_CALL}
+        self.closes = {token_id(CHANNEL_END): THOUGHT, token_id(gemma4_tools.tool_call_end): TOOL_CALL}
+        self.opens.pop(None, None)
+        self.closes.pop(None, None)
+        self.reset()
+
+    def reset(self) -> None:
+        self.channel, self.in_label = ANSWER, False
+
+    def feed(self, token: int, piece: str) -> Tuple[str, str]:
+        """(channel, visible text) of the next generated token."""
+        if token in self.opens:
+            self.channel = self.opens[token]
+            self.in_label = self.channel == THOUGHT
+            return self.channel, ""
+        if token in self.closes:
+            channel, self.channel, self.in_label = self.closes[token], ANSWER, False
+            return channel, ""
+        if self.in_label:  # `thought` up to the first newline names the channel
+            if "\n" not in piece:
+                return self.channel, ""
+            self.in_label = False
+            piece = piece.split("\n", 1)[1]
+        return self.channel, piece
+
+
+def assistant_message(text: str, tool_calls: List[Dict[str, Any]], thinking: str = "") -> Message:
+    """The model's answer as a chat message, in the OpenAI shape Google's template reads. The
+    thought goes along only with tool calls (the template keeps it for the turn they continue)."""
+    message: Message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in tool_calls
+        ]
+        if thinking.strip():
+            message["reasoning"] = thinking.strip()
+    return message
+
+
+def tool_result(name: str, content: Any, tool_call_id: Optional[str] = None) -> Message:
+    """A tool's result as a chat message. A mapping is rendered natively
+    (`response:NAME{key:value}`), a string as `response:NAME{value:...}`."""
+    message: Message = {"role": "tool", "name": name, "content": content}
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
+    return message
+
+
+def for_template(messages: List[Message]) -> List[Message]:
+    """The messages as Google's template renders them natively: each tool result moves onto the
+    call it answers (`tool_responses`, in order), where a mapping is written
+    `response:NAME{key:value}`. (The template's OpenAI path, `role: "tool"` messages, takes
+    strings only.) Content given as parts is joined to its text."""
+    out: List[Message] = []
+    for message in messages:
+        calls = out[-1].get("tool_calls") if out and out[-1].get("role") == "assistant" else None
+        if message.get("role") == "tool" and calls:
+            out[-1].setdefault("tool_responses", []).append(
+                {"name": _tool_name(calls, message), "response": _text_of_parts(message.get("content"))}
+            )
+            continue
+        out.append(dict(message))
+    return out
+
+
+def _tool_name(calls: List[Message], result: Message) -> str:
+    for call in calls:
+        if result.get("tool_call_id") is not None and call.get("id") == result["tool_call_id"]:
+            return call["function"]["name"]
+    return result.get("name") or "unknown"
+
+
+def _text_of_parts(content: Any) -> Any:
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return content
