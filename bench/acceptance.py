@@ -8,7 +8,7 @@ default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same pro
 """
 
 from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, run_mlx_lm, run_ours, warm_up, workloads
+from runs import SAMPLING, TEMPLATE, run_mlx_lm, run_ours, warm_up, workloads
 
 # The seed's table: transformers on an Apple M5 (DESIGN.md section 7).
 SEED = {
@@ -28,8 +28,8 @@ def main():
     engine = build_engine(args)
     info = machine()
     names = args.workloads.split(",") if args.workloads else None
-    results = {"machine": info, "models": describe_models(args), "runs": []}
-    print(header("Acceptance by kind of content", info, results["models"]))
+    results = {"machine": info, "models": describe_models(args), **TEMPLATE, "runs": []}
+    print(header("Acceptance by kind of content", info, {**results["models"], **TEMPLATE}))
     for sampling in args.sampling.split(","):
         settings = SAMPLING[sampling]
         rows = []

@@ -7,7 +7,7 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured), per wo
 """
 
 from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, cost_ratios, run_ours, warm_up, workloads
+from runs import SAMPLING, TEMPLATE, cost_ratios, run_ours, warm_up, workloads
 
 
 def main():
@@ -21,8 +21,8 @@ def main():
     info = machine()
     settings = SAMPLING[args.sampling]
     lengths = list(range(args.max_g + 1))
-    results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, "workloads": []}
-    print(header("Draft length", info, {"sampling": args.sampling, **results["models"]}))
+    results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, **TEMPLATE, "workloads": []}
+    print(header("Draft length", info, {"sampling": args.sampling, **results["models"], **TEMPLATE}))
     names = args.workloads.split(",") if args.workloads else None
     for name, prompt, max_tokens in workloads(engine, names):
         max_tokens = min(max_tokens, args.max_tokens or max_tokens)

@@ -7,6 +7,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+import chat_script  # noqa: E402
 import tiny  # noqa: E402
 
 
@@ -30,3 +31,17 @@ def engine(checkpoints):
 
     loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
     return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+
+
+@pytest.fixture(scope="session")
+def trained(checkpoints, tmp_path_factory):
+    """A tiny target trained to speak Gemma 4's chat format (tool calls, a thought, turn ends),
+    rendered with Google's template; see `chat_script`."""
+    if tiny.reference_template() is None:
+        pytest.skip(tiny.NO_TEMPLATE)
+    from mlx_spec import load
+
+    tokenizer = load(str(checkpoints["text"]), drafter=None).tokenizer
+    examples = [(chat_script.render(tokenizer, *prompt), chat_script.encode(tokenizer, answer))
+                for prompt, answer in chat_script.EXAMPLES]
+    return tiny.build_trained_target(tmp_path_factory.mktemp("trained") / "target", examples)

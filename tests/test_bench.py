@@ -90,3 +90,22 @@ def test_random_weights_quantized_like_the_default_model():
     assert len(result.tokens) == 12 and result.stats.drafted > 0
     assert result.tokens == engine.generate(list(range(1, 40)), max_tokens=12, mtp=False).tokens
     mx.clear_cache()
+
+
+@pytest.mark.skipif(__import__("tiny").reference_template() is None, reason=__import__("tiny").NO_TEMPLATE)
+def test_workloads_render_as_the_seed_measured(checkpoints):
+    """Thinking off (the empty thought ends the prompt), and the tool round trip as Google's
+    template renders it: the results inside the model turn, as mappings, nothing after them."""
+    sys.path.insert(0, str(BENCH))
+    from runs import workloads
+
+    from mlx_spec import load
+
+    engine = load(str(checkpoints["text"]), drafter=None)
+    prompts = {name: engine.tokenizer.decode(prompt) for name, prompt, _ in workloads(engine)}
+    assert prompts["tool call"].endswith("<|turn>model\n<|channel>thought\n<channel|>")
+    assert "<|think|>" not in "".join(prompts.values())
+    assert prompts["answer from tool result"].endswith(
+        '<|tool_response>response:get_current_time{city:<|"|>New York<|"|>,time:<|"|>2026-11-29 08:04<|"|>,'
+        'timezone:<|"|>America/New_York<|"|>}<tool_response|>'
+    )

@@ -1,44 +1,163 @@
-"""Chat sessions keep the caches across turns, exactly; Gemma 4 tool calls for agents."""
+"""Gemma 4's real chat format, end to end: Google's template, thinking on and off, tool calls and
+their results, and chat sessions that keep the caches across turns while every answer stays
+exactly what a fresh generation over the same messages gives."""
 
 import pytest
 
 import tiny
+from chat_script import (
+    ANSWER, CALLS, GREETING, HELLO, QUESTION, QUESTION_MESSAGES, RESULTS, THOUGHT, TOOLS, calls_message, results_messages,
+)
 from mlx_spec import load
 from mlx_spec.chat import parse_tool_calls, tool_result
 from mlx_spec.engine import Engine
+from mlx_spec.sampling import SettingsError
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_current_time",
-            "description": "The current time in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-CALL = '<|tool_call>call:get_current_time{city:<|"|>Taipei<|"|>}<tool_call|>'
+pytestmark = pytest.mark.skipif(tiny.reference_template() is None, reason=tiny.NO_TEMPLATE)
+DECLARATION = (
+    '<|tool>declaration:get_current_time{description:<|"|>The current time in a city<|"|>,parameters:{properties:'
+    '{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>'
+)
+SAMPLED = dict(temperature=1.0, top_k=64, top_p=0.95, seed=11)
 
 
 @pytest.fixture(scope="module")
 def engine(checkpoints):
+    """The random tiny target and drafter with the real stop tokens."""
     return load(str(checkpoints["text"]), str(checkpoints["assistant"]))
 
 
-def test_second_turn_processes_only_the_new_message_and_stays_exact(engine):
-    session = engine.chat(max_tokens=25)
-    first = [r.token for r in session.send("Hello there")]
-    first_prompt = session.last_stats.prompt_tokens
-    history = list(session.state.tokens)
-    second = [r.token for r in session.send("Tell me more")]
-    assert session.restarts == 0
-    new_turn = len(session.state.tokens) - len(second) - len(history)
-    assert session.last_stats.prompt_tokens == new_turn  # the pending token + the new turn, minus its last
-    assert new_turn < first_prompt + len(first)
-    # Exact: the same as generating from the whole token history in one go, with no cache reuse.
-    prompt = session.state.tokens[: len(session.state.tokens) - len(second)]
-    fresh = engine.generate(prompt, max_tokens=25)
-    assert fresh.tokens == second
+@pytest.fixture(scope="module")
+def speaker(trained, checkpoints):
+    """The tiny target trained on the chat script, with the tiny drafter."""
+    return load(str(trained), str(checkpoints["assistant"]))
+
+
+def rendered(engine, messages, tools=None, thinking=False):
+    return engine.tokenizer.decode(engine.encode(messages, tools, thinking))
+
+
+# -- rendering: what Google's template makes of what mlx-spec sends ------------------------------
+
+
+def test_thinking_is_off_unless_asked(engine):
+    hi = [{"role": "user", "content": "Hi"}]
+    assert rendered(engine, hi) == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    assert rendered(engine, hi, thinking=True) == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+
+
+def test_system_turn_with_tool_declarations(engine):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert rendered(engine, messages, TOOLS) == (
+        f"<bos><|turn>system\nBe brief.{DECLARATION}<turn|>\n<|turn>user\nHi<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    )
+
+
+def test_tool_results_render_natively_inside_the_model_turn(engine):
+    """Two calls answered in order (matched by tool_call_id); a mapping result natively, a
+    string as {value:...}; after the results the generation prompt adds nothing."""
+    messages = QUESTION_MESSAGES + [calls_message()] + results_messages()
+    assert rendered(engine, messages, TOOLS) == (
+        f"<bos><|turn>system\n{DECLARATION}<turn|>\n<|turn>user\n{QUESTION}<turn|>\n<|turn>model\n"
+        + CALLS
+        + 'response:get_current_time{time:<|"|>21:04<|"|>}<tool_response|>'
+        '<|tool_response>response:get_current_time{value:<|"|>08:04<|"|>}<tool_response|>'
+    )
+    # The model's answer continues the same turn; the next user turn follows it.
+    later = messages + [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "Thanks"}]
+    assert rendered(engine, later, TOOLS).endswith(
+        f"<tool_response|>{ANSWER}<turn|>\n<|turn>user\nThanks<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    )
+
+
+def test_tool_result_messages():
+    assert tool_result("f", {"a": 1}, "call_1") == {"role": "tool", "name": "f", "content": {"a": 1}, "tool_call_id": "call_1"}
+    assert tool_result("f", "text") == {"role": "tool", "name": "f", "content": "text"}
+
+
+def test_history_drops_the_thought(engine):
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
+    assert "<|turn>model\nHello<turn|>\n<|turn>user\nBye" in rendered(engine, messages)
+
+
+# -- a model that speaks the format: tool calls, results, thoughts -------------------------------
+
+
+def fresh(engine, messages, max_tokens=200, **settings):
+    return engine.generate(messages, max_tokens=max_tokens, **settings)
+
+
+def check_turn(session, engine, previous_prompt: int, **settings):
+    """The turn processed at most its new tokens, the last answer and a few (it resumed from
+    what the session held), and answered exactly as a fresh generation would."""
+    stats = session.last_stats
+    prompt = len(engine.encode(session.messages[:-1], session.tools, session.thinking))
+    # The history leaves out the empty thought that ended the last prompt; the last token held
+    # goes through the target again.
+    few = len(engine.tokenizer.encode("<|channel>thought\n<channel|>", add_special_tokens=False)) + 1
+    assert stats.prompt_reused >= previous_prompt - few
+    assert stats.prompt_tokens == prompt - 1 - stats.prompt_reused
+    expected = fresh(engine, session.messages[:-1], session.max_tokens, tools=session.tools, thinking=session.thinking, **settings)
+    assert session.last_result.tokens == expected.tokens
+    return prompt
+
+
+@pytest.mark.parametrize("settings", [{}, SAMPLED], ids=["greedy", "sampled"])
+def test_tool_call_round_trip(speaker, settings):
+    session = speaker.chat(tools=TOOLS, max_tokens=200, **settings)
+    reports = list(session.send(QUESTION))
+    result = session.last_result
+    assert result.finish_reason == "tool_calls" and result.text == ""
+    assert [(c["name"], c["arguments"]) for c in result.tool_calls] == [
+        ("get_current_time", {"city": "Taipei"}), ("get_current_time", {"city": "New York"})]
+    assert len({c["id"] for c in result.tool_calls}) == 2
+    assert reports[-1].token == tiny.TOOL_RESPONSE_ID and reports[-1].text == ""
+    assert "<|tool" not in "".join(r.text for r in reports)
+    assert {r.channel for r in reports[:-1]} == {"tool_call"}
+    first_prompt = len(speaker.encode(QUESTION_MESSAGES, TOOLS))
+
+    results = [tool_result(c["name"], r, c["id"]) for c, r in zip(result.tool_calls, RESULTS)]
+    answer = "".join(r.text for r in session.send(results))
+    assert answer == ANSWER and session.last_result.finish_reason == "stop"
+    check_turn(session, speaker, first_prompt, **settings)
+    held = speaker.tokenizer.decode(session.state.tokens)
+    assert '<|tool_response>response:get_current_time{time:<|"|>21:04<|"|>}<tool_response|>' in held
+
+
+@pytest.mark.parametrize("settings", [{}, SAMPLED], ids=["greedy", "sampled"])
+def test_thinking_comes_back_apart_and_the_next_turn_resumes(speaker, settings):
+    session = speaker.chat(thinking=True, max_tokens=120, **settings)
+    reports = list(session.send(GREETING))
+    result = session.last_result
+    assert (result.thinking, result.text, result.finish_reason) == (THOUGHT, HELLO, "stop")
+    assert "".join(r.text for r in reports if r.channel == "thought") == THOUGHT
+    assert "".join(r.text for r in reports if r.channel == "answer") == HELLO
+    assert session.messages[-1] == {"role": "assistant", "content": HELLO}  # the thought stays out
+    first_prompt = len(speaker.encode([{"role": "user", "content": GREETING}], thinking=True))
+    list(session.send("Tell me more"))
+    check_turn(session, speaker, first_prompt, **settings)
+
+
+def test_generate_with_thinking(speaker):
+    result = speaker.generate([{"role": "user", "content": GREETING}], max_tokens=120, thinking=True)
+    assert (result.thinking, result.text) == (THOUGHT, HELLO)
+    plain = speaker.generate([{"role": "user", "content": GREETING}], max_tokens=30)
+    assert plain.thinking == "" and all(r.channel != "thought" for r in plain.steps)
+
+
+@pytest.mark.parametrize("settings", [{}, SAMPLED], ids=["greedy", "sampled"])
+def test_three_turns_resume_and_stay_exact(engine, settings):
+    session = engine.chat(max_tokens=60, system_prompt="Be brief.", **settings)
+    list(session.send("Hello there"))
+    prompt = len(engine.encode(session.messages[:-1]))
+    for text in ("Tell me more", "What time is it?"):
+        list(session.send(text))
+        prompt = check_turn(session, engine, prompt, **settings)
 
 
 def test_session_with_and_without_mtp_agree(engine):
@@ -46,7 +165,7 @@ def test_session_with_and_without_mtp_agree(engine):
     off = engine.chat(max_tokens=20, mtp=False)
     for text in ["Hello there", "What time is it?"]:
         assert [r.token for r in on.send(text)] == [r.token for r in off.send(text)]
-    assert on.last_stats.drafted > 0 and off.last_stats.drafted == 0
+    assert off.last_stats.drafted == 0
 
 
 def test_reset_and_settings_change(engine):
@@ -60,7 +179,8 @@ def test_reset_and_settings_change(engine):
 
 
 def test_stopping_mid_answer_keeps_the_session_consistent(engine):
-    session = engine.chat(max_tokens=40)
+    plain = Engine(engine.target, engine.assistant, engine.tokenizer, stop_tokens=[])
+    session = plain.chat(max_tokens=40)
     count = 0
 
     def stop_after_7():
@@ -70,64 +190,33 @@ def test_stopping_mid_answer_keeps_the_session_consistent(engine):
         count += 1
     assert count == 7
     assert session.state.cached == len(session.state.tokens) - 1
-    assert len(session.state.tokens) == len(engine.encode(session.messages[:-1])) + 7
+    assert len(session.state.tokens) == len(plain.encode(session.messages[:-1])) + 7
     assert session.messages[-1]["role"] == "assistant"
-    second = [r.token for r in session.send("Go on")]
-    assert session.restarts == 0  # the history the session holds is what the caller saw
-    prompt = session.state.tokens[: len(session.state.tokens) - len(second)]
-    assert engine.generate(prompt, max_tokens=40).tokens == second
+    previous = len(plain.encode(session.messages[:-1]))
+    list(session.send("Go on"))
+    check_turn(session, plain, previous)
 
 
-def test_tools_render_into_the_prompt(engine):
-    rendered = engine.tokenizer.decode(engine.encode([{"role": "user", "content": "Hi"}], tools=TOOLS))
-    assert "<|tool>declaration:get_current_time" in rendered
-    assert '"city"' in rendered
+def test_a_failed_turn_leaves_the_session_as_it_was(engine):
+    session = engine.chat(max_tokens=10)
+    list(session.send("Hi"))
+    messages = list(session.messages)
+    with pytest.raises(SettingsError, match="prompt too long"):
+        list(session.send("word " * 3000))
+    assert session.messages == messages
+    list(session.send("Hello there"))
+    assert session.last_result.tokens == fresh(engine, session.messages[:-1], 10).tokens
 
 
 def test_tool_call_output_parses():
-    assert parse_tool_calls(f"Let me check. {CALL}") == [{"name": "get_current_time", "arguments": {"city": "Taipei"}}]
-    two = CALL + CALL.replace("Taipei", "New York")
-    assert [c["arguments"]["city"] for c in parse_tool_calls(two)] == ["Taipei", "New York"]
+    call = '<|tool_call>call:get_current_time{city:<|"|>Taipei<|"|>}<tool_call|>'
+    parsed = parse_tool_calls(f"Let me check. {call}")
+    assert [(c["name"], c["arguments"]) for c in parsed] == [("get_current_time", {"city": "Taipei"})]
+    assert parsed[0]["id"].startswith("call_")
     assert parse_tool_calls("<|tool_call>not a call<tool_call|>") == []
 
 
-def test_generation_result_carries_tool_calls(engine):
-    tokens = list(engine.tokenizer.encode(CALL, add_special_tokens=False)) + [tiny.END_OF_TURN_ID]
-    from mlx_spec.decoder import Stats
-    from mlx_spec.reports import TokenReport
-
-    steps = [TokenReport(token=t, drafted=False, cycle=0) for t in tokens]
-    result = engine.result(steps, Stats())
-    assert result.finish_reason == "stop"
-    assert result.tool_calls == [{"name": "get_current_time", "arguments": {"city": "Taipei"}}]
-
-
-def test_tool_result_continues_the_conversation(engine):
-    session = engine.chat(tools=TOOLS, max_tokens=8)
-    list(session.send("What time is it in Taipei?"))
-    # Pretend the model called the tool (the tiny random model cannot): replace its answer.
-    session.messages[-1] = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "get_current_time", "arguments": {"city": "Taipei"}}}],
-    }
-    answer = [r.token for r in session.send(tool_result("get_current_time", {"time": "21:04"}))]
-    assert len(answer) > 0
-    rendered = engine.tokenizer.decode(session.state.tokens)
-    assert '<|tool_response>response:get_current_time{value:<|"|>{"time": "21:04"}<|"|>}' in rendered
-    assert "<|tool_call>call:get_current_time" in rendered
-    # The history was rewritten (the model's own answer replaced), so the session started over.
-    assert session.restarts == 1
-
-
 def test_chat_needs_a_tokenizer(checkpoints):
-    from mlx_spec.sampling import SettingsError
-
     engine = load(str(checkpoints["google"]), drafter=None)
     with pytest.raises(SettingsError, match="a chat session needs a tokenizer"):
         engine.chat()
-
-
-def test_engine_without_stop_tokens_is_possible(engine):
-    plain = Engine(engine.target, engine.assistant, engine.tokenizer, stop_tokens=[])
-    assert plain.generate("Hi", max_tokens=5).finish_reason == "length"

@@ -14,7 +14,7 @@ import pytest
 from mlx_spec import load
 
 STATS = re.compile(
-    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s \(\d+ reused\), (.*), peak memory .*\]$", re.M
+    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s \((\d+) reused\), (.*), peak memory .*\]$", re.M
 )
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
 
@@ -44,16 +44,16 @@ def test_chat_session_through_stdin(checkpoints):
     turns = answers_and_stats(out.stdout)
     assert len(turns) == 3
     (first, s1), (second, s2), (third, s3) = turns
-    assert "guesses kept" in s1[2] and s3[2] == "no drafting"
-    # The second turn went through the target alone: far fewer prompt tokens than the whole
-    # conversation (first prompt + first answer + second message).
-    assert int(s2[1]) < int(s1[1]) + int(s1[0])
+    assert "guesses kept" in s1[3] and s3[3] == "no drafting"
+    # The second turn resumed the first: it reused the first prompt, all but its empty thought
+    # channel (left out when the history is rendered).
+    assert int(s1[2]) == 0 and int(s1[1]) - 12 < int(s2[2]) < int(s1[1])
     # After /reset, the same question with MTP off gives the same greedy answer.
     assert third.startswith("[session: 2 turns") and third.endswith("[mtp off]\n" + first)
     assert len(first.strip()) > 0
     assert "[conversation cleared]" in out.stdout and "[mtp off]" in out.stdout
     assert re.search(r"\[session: 2 turns, \d+ tokens, guesses kept \d+/\d+, \d+ positions cached, mtp on, thinking off\]", out.stdout)
-    assert re.search(r"\[session: 3 turns, .* 0 positions cached|\[session: 3 turns, .* mtp off\]", out.stdout)
+    assert re.search(r"\[session: 3 turns, .* mtp off, thinking off\]", out.stdout)
 
 
 def long_answer_prompt(checkpoints):
@@ -115,12 +115,26 @@ def test_generate_json_lines(checkpoints):
     tokens, summary = lines[:-1], lines[-1]
     assert 1 <= len(tokens) <= 12
     for t in tokens:
-        assert set(t) == {"token", "text", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
+        assert set(t) == {"token", "text", "channel", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
         assert len(t["top"]) == 5 and set(t["top"][0]) == {"id", "prob", "text"}
         assert 1 <= t["candidates"] <= 20
-    assert set(summary) == {"stats", "text", "finish_reason", "tool_calls"}
+    assert set(summary) == {"stats", "text", "thinking", "finish_reason", "tool_calls"}
     assert summary["stats"]["generated_tokens"] == len(tokens)
     assert summary["stats"]["host_syncs"] == summary["stats"]["cycles"]
+
+
+def test_thinking_in_generate_and_chat(trained, checkpoints):
+    """The tiny target trained to think before it greets (tests/chat_script.py)."""
+    from chat_script import GREETING, HELLO, THOUGHT
+
+    model = ["--model", str(trained), "--drafter", str(checkpoints["assistant"])]
+    out = run([sys.executable, "-m", "mlx_spec.cli", "generate", *model, "--thinking", "--json", "-p", GREETING])
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert (summary["thinking"], summary["text"], summary["finish_reason"]) == (THOUGHT, HELLO, "stop")
+    out = run([sys.executable, "-m", "mlx_spec.cli", "chat", *model, "--thinking"], f"{GREETING}\n/thinking off\n/stats\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"[thinking]\n{THOUGHT}[/thinking]\n{HELLO}\n[")
+    assert "[thinking off]" in out.stdout and "thinking off]" in out.stdout.splitlines()[-1]
 
 
 def test_generate_reads_stdin_and_mtp_matches_no_mtp(checkpoints):

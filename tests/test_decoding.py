@@ -210,13 +210,14 @@ def test_prompt_errors(engine, checkpoints):
     assert len(no_tokenizer.generate([5, 6, 7], max_tokens=3, mtp=False).tokens) == 3
 
 
+@pytest.mark.skipif(tiny.reference_template() is None, reason=tiny.NO_TEMPLATE)
 def test_text_and_chat_prompts(engine):
     text = engine.generate("Hello there", max_tokens=5)
     chat = engine.generate([{"role": "user", "content": "Hello there"}], max_tokens=5)
     assert len(text.tokens) == len(chat.tokens) == 5
     assert isinstance(text.text, str)
     rendered = engine.tokenizer.decode(engine.encode([{"role": "user", "content": "Hi"}]))
-    assert rendered.endswith("<|turn>model\n") and "<|turn>user\nHi<turn|>" in rendered
+    assert rendered.endswith("<|turn>model\n<|channel>thought\n<channel|>") and "<|turn>user\nHi<turn|>" in rendered
 
 
 def test_mtp_without_a_drafter(checkpoints):

@@ -174,3 +174,33 @@ def save_tokenizer(folder: Path) -> None:
     config = json.loads(gen.read_text()) if gen.exists() else {}
     config["eos_token_id"] = [EOS_ID, END_OF_TURN_ID, TOOL_RESPONSE_ID]
     gen.write_text(json.dumps(config, indent=2))
+
+
+def build_trained_target(folder: Path, examples, steps: int = 150, seed: int = 0) -> Path:
+    """A tiny target (with the tokenizer) trained until greedy decoding continues each
+    (prompt, continuation) pair of token ids as given: a checkpoint whose model really calls
+    tools, thinks and ends its turns, for tests of the chat format end to end."""
+    from transformers import Gemma4ForCausalLM
+
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and others share the machine
+    model = Gemma4ForCausalLM(_text_config(initializer_range=0.02))
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    batch = []
+    for prompt, continuation in examples:
+        ids = torch.tensor([list(prompt) + list(continuation)])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100  # learn the answers only
+        batch.append((ids, labels))
+    model.train()
+    try:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            sum(model(input_ids=ids, labels=labels).loss for ids, labels in batch).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval().save_pretrained(folder)
+    save_tokenizer(folder)
+    return Path(folder)
