@@ -108,7 +108,7 @@ class ControlledDrafter:
         self.rng = np.random.default_rng(seed)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        start = len(context.tokens)
+        start = context.position + 1
         right = (self.reference[start : start + g] + [0] * g)[:g]
         keep = self.rng.random(g) < self.acceptance
         guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)

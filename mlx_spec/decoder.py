@@ -9,16 +9,19 @@ MTP off is the same loop with g = 0: one position per pass, the same reports and
 """
 
 import time
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
 from .adaptive import AdaptiveDraftLength
-from .drafters import Draft, DraftContext, Drafter
-from .reports import TokenReport, build_reports, report_arrays
-from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution, uniform_streams
+from .cache import restore_caches, snapshot_caches
+from .cycle import Cycle, CycleBuilder, Start
+from .drafters import Drafter, ahead_drafter
+from .reports import TokenReport, build_reports
+from .sampling import SamplingSettings, SettingsError, uniform_streams
 from .sequence import MAX_DRAFT_TOKENS, SequenceState
+from .stats import Stats
 from .target import Target, prefill, trim_cache
 
 __all__ = ["Decoder", "SequenceState", "Stats", "MAX_DRAFT_TOKENS"]
@@ -26,55 +29,12 @@ ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
 
 
 @dataclass
-class Stats:
-    prompt_tokens: int = 0  # prompt tokens that went through the target
-    prompt_reused: int = 0  # prompt tokens whose keys and values were already in the caches
-    prompt_seconds: float = 0.0
-    generated_tokens: int = 0
-    generation_seconds: float = 0.0
-    cycles: int = 0
-    drafted: int = 0
-    kept: int = 0
-    kept_by_position: List[int] = field(default_factory=list)  # [i]: cycles that kept guess i + 1
-    cycles_by_g: Dict[int, int] = field(default_factory=dict)  # cycles per number of guesses
-    kept_by_source: Dict[str, int] = field(default_factory=dict)  # kept guesses per drafter
-    drafted_by_source: Dict[str, int] = field(default_factory=dict)
-    host_syncs: int = 0  # synchronisations in the decoding cycles
-    peak_memory_gb: float = 0.0
+class _Ahead:
+    """A cycle built while the one before it runs, for an assumed outcome of that one."""
 
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
-
-    @property
-    def generation_tps(self) -> float:
-        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.kept / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_g(self) -> float:
-        return self.drafted / self.cycles if self.cycles else 0.0
-
-    def to_dict(self) -> Dict:
-        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
-        out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance)
-        return out
-
-
-@dataclass
-class _Cycle:
-    g: int  # guesses verified
-    source: str  # who made them
-    kept: mx.array
-    tokens: mx.array
-    hidden: mx.array
-    reports: Dict[str, mx.array]
-
-    def arrays(self) -> list:
-        return [self.kept, self.tokens, self.hidden, *self.reports.values()]
+    cycle: Cycle
+    settles: int  # tokens the running cycle was assumed to settle
+    snapshot: Optional[list]  # the caches before it was built; None once it is launched
 
 
 class _Pending:
@@ -110,14 +70,16 @@ class Decoder:
         self.settings = settings
         self.drafter = drafter
         self.draft_tokens = 0 if drafter is None else draft_tokens
-        self.policy = None
-        if self.draft_tokens is None:
-            self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G)
+        self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G) if self.draft_tokens is None else None
+        # Acceptance by guess position, for the likely outcome of a running cycle.
+        self.estimates = self.policy or AdaptiveDraftLength(MAX_DRAFT_TOKENS)
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk
         self.uniforms = uniform_streams(settings.seed)
+        self.builder = CycleBuilder(target, settings, self.uniforms, report)
         self.stats = Stats()
+        self._synced_at: Optional[float] = None
 
     def check_room(self, state: SequenceState, new_tokens: int, max_tokens: int) -> None:
         limit = self.target.args.max_position_embeddings
@@ -158,42 +120,58 @@ class Decoder:
         self.stats.prompt_seconds += time.perf_counter() - start
 
     def generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
-        """Yield the reports of up to `max_tokens` new tokens as they settle."""
+        """Yield the reports of up to `max_tokens` new tokens as they settle.
+
+        While the device runs a cycle, the host builds the next one for the running cycle's
+        likely outcome (`_build_ahead`). When the running cycle has no guesses its outcome is
+        certain, and the next one is queued at once, as mlx-lm queues its next step. Otherwise
+        the next one waits for the sync: if the outcome was as assumed it is launched with no
+        host work in between; if not, the caches are put back as they stood (references, no
+        copies; the graph built ahead is never computed) and the next cycle is built anew.
+        """
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
         start = last_settled = time.perf_counter()
-        produced, pending, in_flight, planned = 0, _Pending(), None, None
+        produced, pending, current, ahead = 0, _Pending(), None, None
+        self._synced_at = None
         try:
             while produced < max_tokens:
-                if in_flight is None:
-                    g = planned if planned is not None else self._choose_g(max_tokens - produced)
-                    in_flight = self._build_cycle(state, g)
-                mx.async_eval(in_flight.arrays())
-                ahead, planned = None, None
-                if in_flight.g == 0 and produced + 1 < max_tokens:
-                    planned = self._choose_g(max_tokens - produced - 1)
-                    if planned == 0:
-                        # No drafts: the next input is this cycle's token, known to the device;
-                        # queue the next pass before this one's sync, as mlx-lm's loop does.
-                        ahead = self._build_cycle(state, 0, last=in_flight.tokens[None, :1], t0=state.generated + 1)
-                        mx.async_eval(ahead.arrays())
-                        planned = None
+                budget = max_tokens - produced
+                if current is None:
+                    current = self.builder.build(state, Start.settled(state), self._choose_g(budget), self.drafter)
+                    self._launch(current)
+                ahead = self._build_ahead(state, current, budget)
+                if ahead is not None and current.g == 0:  # a certain outcome: queue it now
+                    ahead.snapshot = None
+                    self._launch(ahead.cycle)
                 yield from pending.hand_over()  # while the device works on this cycle
-                current, in_flight = in_flight, ahead
+                tokens, kept, fetched = self._sync(current, budget, launched_next=ahead is not None and ahead.snapshot is None)
+                stop = tokens[-1] in self.stop_tokens
+                hit = ahead is not None and len(tokens) == ahead.settles and not stop
+                if ahead is not None and not hit:
+                    self._undo(state, ahead)
+                elif hit and ahead.snapshot is not None:
+                    ahead.snapshot = None
+                    self._launch(ahead.cycle)
+                    self.stats.prebuilt += 1
+                elif hit:
+                    self.stats.prebuilt += 1
                 hidden_before = state.hidden
-                reports, stop = self._settle(state, current, max_tokens - produced)
+                reports = self._settle(state, current, tokens, kept, fetched, trimmed=hit)
                 pending = _Pending(reports, hidden_before, current.hidden)
                 produced += len(reports)
                 now = time.perf_counter()
-                if self.policy is not None:
-                    self.policy.observe(current.g, sum(r.drafted for r in reports), now - last_settled)
+                self.estimates.observe(current.g, min(kept, len(tokens)), now - last_settled)
                 last_settled = now
+                current, ahead = (ahead.cycle if hit else None), None
                 if stop:
                     break
             yield from pending.hand_over()
         finally:
             # However it ends (done, a stop, the caller leaving early, an error), the state must
             # hold exactly the tokens handed over: drop the rest, and every queued position.
+            if ahead is not None and ahead.snapshot is not None:
+                restore_caches(state.cache, ahead.snapshot)
             self._unsettle(state, pending)
             excess = state.cached - (len(state.tokens) - 1)
             if excess > 0:
@@ -207,6 +185,79 @@ class Decoder:
             return self.policy.choose(budget)
         return min(self.draft_tokens, budget - 1)
 
+    def _likely_settles(self, g: int) -> int:
+        """The most likely number of tokens a cycle with g guesses settles, from the measured
+        acceptance by guess position."""
+        best, best_p, run = 0, -1.0, 1.0
+        for k in range(g + 1):
+            a = self.estimates.acceptance[k] if k < g else 0.0
+            p = run * (1 - a)  # the first k kept, then a miss (or all g kept)
+            if p > best_p:
+                best, best_p = k, p
+            run *= a
+        return best + 1
+
+    def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> Optional[_Ahead]:
+        """The next cycle, built for the running cycle's likely outcome, or None when there is
+        no room for another cycle."""
+        settles = self._likely_settles(running.g)
+        if budget - settles < 1:
+            return None
+        g = self._choose_g(budget - settles)
+        drafter = ahead_drafter(self.drafter, running.source) if g > 0 else None
+        if g > 0 and drafter is None:
+            return None  # the drafter needs the tokens on the host: the cycle waits for them
+        snapshot = snapshot_caches(state.cache)
+        # The caches hold the running cycle's g + 1 positions; keep those its outcome keeps.
+        trim_cache(state.cache, running.g + 1 - settles)
+        try:
+            cycle = self.builder.build(state, Start.ahead(state, running, settles), g, drafter)
+        except Exception:
+            restore_caches(state.cache, snapshot)
+            raise
+        return _Ahead(cycle, settles, snapshot)
+
+    def _undo(self, state: SequenceState, ahead: _Ahead) -> None:
+        """The running cycle settled otherwise than assumed: drop the cycle built ahead."""
+        if ahead.snapshot is not None:
+            restore_caches(state.cache, ahead.snapshot)
+        else:  # launched already (its outcome was certain but a stop token came): trim it
+            trim_cache(state.cache, ahead.cycle.g + 1)
+
+    def _launch(self, cycle: Cycle) -> None:
+        mx.async_eval(cycle.arrays())
+        if self._synced_at is not None:
+            self.stats.exposed_host_seconds += time.perf_counter() - self._synced_at
+            self._synced_at = None
+
+    def _sync(self, cycle: Cycle, budget: int, launched_next: bool):
+        """The cycle's one host synchronisation: its output tokens (cut at a stop token and at
+        `budget`), how many guesses were kept, and the report figures."""
+        mx.eval(cycle.arrays())
+        self.stats.host_syncs += 1
+        self._synced_at = None if launched_next else time.perf_counter()
+        kept = cycle.kept.item()
+        tokens = cycle.tokens.tolist()[: kept + 1][:budget]
+        for i, token in enumerate(tokens):
+            if token in self.stop_tokens:
+                tokens = tokens[: i + 1]
+                break
+        return tokens, kept, {k: v.tolist() for k, v in cycle.reports.items()}
+
+    def _settle(self, state: SequenceState, cycle: Cycle, tokens: List[int], kept: int, fetched: dict, trimmed: bool):
+        """Append the cycle's tokens to the state; cut the caches to them (unless a cycle built
+        ahead for this outcome did so already)."""
+        n = len(tokens)
+        reports = build_reports(fetched, tokens, [i < kept for i in range(n)], self.stats.cycles)
+        if not trimmed:
+            # The caches hold the last settled token and g guesses; keep it and n - 1 guesses.
+            trim_cache(state.cache, cycle.g + 1 - n)
+        state.hidden = cycle.hidden[:, n - 1 : n]
+        state.tokens.extend(tokens)
+        state.generated += n
+        self.stats.count(cycle.g, cycle.source, min(kept, n), n)
+        return reports
+
     def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:
         """Take back the settled tokens that were never handed over."""
         unsent = len(pending.reports) - pending.sent
@@ -217,87 +268,3 @@ class Decoder:
         state.generated -= unsent
         state.hidden = pending.hidden_before if kept == 0 else pending.hidden[:, kept - 1 : kept]
         self.stats.generated_tokens -= unsent
-
-    def _build_cycle(self, state: SequenceState, g: int, last: Optional[mx.array] = None, t0: Optional[int] = None) -> _Cycle:
-        """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report.
-
-        last: the input token [1, 1] when it is still on the device (default: the last settled
-        token); t0: the output index of the cycle's first token (default: the next one).
-        """
-        if state.hidden is None:
-            g = 0  # nothing in the caches yet for a drafter to read
-        if last is None:
-            last = mx.array([state.tokens[-1:]], dtype=mx.int32)
-        t0 = state.generated if t0 is None else t0
-        draft = self._draft(state, last, g) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
-        g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
-        inputs = mx.concatenate([last, draft.tokens[None]], axis=1)
-        logits, hidden = self.target(inputs, state.cache)
-        dist = distribution(logits[0], self.settings)
-        if draft.q is None:
-            kept, tokens = accept_by_match(dist, draft.tokens, self.uniforms["target"].take(t0, g + 1))
-        else:
-            kept, tokens = accept_by_ratio(
-                dist,
-                draft.tokens,
-                draft.q,
-                self.uniforms["accept"].take(t0, g)[:, 0],
-                self.uniforms["residual"].take(t0, g),
-                self.uniforms["target"].take(t0 + g, 1)[0],
-            )
-        reports = report_arrays(logits[0], dist, tokens) if self.report else {}
-        return _Cycle(g, draft.source, kept, tokens, hidden, reports)
-
-    def _draft(self, state: SequenceState, last: mx.array, g: int) -> Draft:
-        context = DraftContext(
-            tokens=state.tokens,
-            last_token=last,
-            hidden=state.hidden,
-            shared_kv=self.target.drafter_kv(state.cache),
-            settings=self.settings,
-            uniforms=self.uniforms["draft"].take(state.generated, g),
-        )
-        draft = self.drafter.draft(context, g)
-        n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
-        if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
-            raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")
-        if draft.q is not None and draft.q.shape != (n, self.target.vocab_size):
-            raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({n}, {self.target.vocab_size})")
-        return draft
-
-    def _settle(self, state: SequenceState, cycle: _Cycle, budget: int):
-        """The cycle's one host synchronisation; then cut the caches to the emitted tokens."""
-        mx.eval(cycle.arrays())
-        self.stats.host_syncs += 1
-        kept = cycle.kept.item()
-        tokens = cycle.tokens.tolist()[: kept + 1][:budget]
-        stop = False
-        for i, token in enumerate(tokens):
-            if token in self.stop_tokens:
-                tokens, stop = tokens[: i + 1], True
-                break
-        n = len(tokens)
-        fetched = {k: v.tolist() for k, v in cycle.reports.items()}
-        reports = build_reports(fetched, tokens, [i < kept for i in range(n)], self.stats.cycles)
-        # The caches hold the last settled token and g guesses; keep it and the n - 1 emitted guesses.
-        trim_cache(state.cache, cycle.g + 1 - n)
-        state.hidden = cycle.hidden[:, n - 1 : n]
-        state.tokens.extend(tokens)
-        state.generated += n
-        self._count(cycle, min(kept, n), n)
-        return reports, stop
-
-    def _count(self, cycle: _Cycle, kept: int, emitted: int) -> None:
-        s, g = self.stats, cycle.g
-        s.cycles += 1
-        s.drafted += g
-        s.kept += kept
-        s.generated_tokens += emitted
-        s.cycles_by_g[g] = s.cycles_by_g.get(g, 0) + 1
-        if g:
-            s.drafted_by_source[cycle.source] = s.drafted_by_source.get(cycle.source, 0) + g
-            s.kept_by_source[cycle.source] = s.kept_by_source.get(cycle.source, 0) + kept
-        if len(s.kept_by_position) < g:
-            s.kept_by_position += [0] * (g - len(s.kept_by_position))
-        for i in range(kept):
-            s.kept_by_position[i] += 1

@@ -28,11 +28,15 @@ class DraftContext:
     shared_kv: Dict[str, Tuple[mx.array, mx.array]]  # the target's K/V (see Target.drafter_kv)
     settings: SamplingSettings
     uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
+    # Settled tokens, when the last of them are still on the device (a cycle built ahead):
+    # `tokens` then holds only the first ones. Drafters that read token values (reads_tokens)
+    # are never asked to draft ahead.
+    length: Optional[int] = None
 
     @property
     def position(self) -> int:
         """Position of the last settled token."""
-        return len(self.tokens) - 1
+        return (len(self.tokens) if self.length is None else self.length) - 1
 
 
 @dataclass
@@ -45,6 +49,16 @@ class Draft:
 @runtime_checkable
 class Drafter(Protocol):
     def draft(self, context: DraftContext, g: int) -> Draft: ...
+
+
+def ahead_drafter(drafter: Optional[Drafter], last_source: str) -> Optional[Drafter]:
+    """The drafter for a cycle built ahead, before the last settled tokens reach the host: the
+    drafter itself unless it reads token values (`reads_tokens = True`); then what its
+    `ahead_drafter(last_source)` offers, or None (the cycle waits for the tokens)."""
+    if drafter is None or not getattr(drafter, "reads_tokens", False):
+        return drafter
+    offer = getattr(drafter, "ahead_drafter", None)
+    return offer(last_source) if offer is not None else None
 
 
 class MTPDrafter:
@@ -87,6 +101,8 @@ class PromptLookup:
     that ends the settled text and occurred before, in the prompt or the generated text, and
     propose what followed it. Free to compute, and right whenever the answer copies (a time
     from a tool result, code being edited). Deterministic guesses: no q."""
+
+    reads_tokens = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -131,8 +147,15 @@ class LookupThenMTP:
     """Prompt-lookup guesses where the text has a match, the MTP drafter's where it has none;
     one verification pass per cycle either way."""
 
+    reads_tokens = True
+
     def __init__(self, lookup: PromptLookup, mtp: MTPDrafter):
         self.lookup, self.mtp = lookup, mtp
+
+    def ahead_drafter(self, last_source: str) -> Optional[MTPDrafter]:
+        """Where the text had no match last cycle, the assistant guesses ahead of the host;
+        where it had one, the next cycle waits for the tokens, to look them up."""
+        return None if last_source == "lookup" else self.mtp
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         guesses = self.lookup.continuation(context.tokens, g)

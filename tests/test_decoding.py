@@ -82,7 +82,10 @@ def test_random_breaks_trim_every_amount_at_every_offset(engine, prompt, referen
 
 
 class RecordingDrafter:
-    """Wraps a drafter and keeps a copy of what it was given each cycle."""
+    """Wraps a drafter and keeps a copy of what it was given each cycle. It reads the settled
+    tokens, so it is never asked to draft a cycle ahead, for an outcome not yet known."""
+
+    reads_tokens = True
 
     def __init__(self, inner):
         self.inner, self.seen = inner, []
@@ -265,3 +268,20 @@ def test_numpy_prompts_and_settings(engine, prompt):
     a = engine.generate(np.array(prompt), max_tokens=5, top_k=np.int64(0), seed=np.int64(3))
     b = engine.generate(prompt, max_tokens=5)
     assert a.tokens == b.tokens
+
+
+@pytest.mark.parametrize("g, break_probability", [(3, 0.3), (6, 0.1), (2, 0.6)])
+def test_cycles_built_ahead_hit_and_miss_exactly(engine, prompt, reference, g, break_probability):
+    """The next cycle is built while one runs, for its likely outcome: launched at once when the
+    outcome was as assumed, thrown away (the caches put back) when it was not. Either way the
+    tokens are the target's own."""
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=break_probability, seed=g)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=g)
+    assert result.tokens == reference[len(prompt) :]
+    assert 0 < result.stats.prebuilt < result.stats.cycles - 1  # hits and misses both happened
+    assert result.stats.host_syncs == result.stats.cycles
+
+
+def test_a_certain_next_cycle_is_queued_before_the_sync(engine, prompt, reference):
+    result = engine.generate(prompt, max_tokens=50, mtp=False)
+    assert result.stats.prebuilt == result.stats.cycles - 1 and result.stats.exposed_host_seconds == 0

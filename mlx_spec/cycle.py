@@ -1,0 +1,104 @@
+"""One cycle of the speculative loop as a lazy MLX graph: the drafter's g guesses, one target
+pass over the last settled token and the guesses (g + 1 positions), the acceptance test and the
+per-token report figures. Nothing here synchronises: the decoder evaluates the whole cycle once.
+
+A cycle can be built from a settled state, or ahead: from a cycle still running, for an assumed
+outcome (how many tokens it settles), with that cycle's last token and hidden state still on
+the device (`Start.ahead`).
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import mlx.core as mx
+
+from .drafters import Draft, DraftContext, Drafter
+from .reports import report_arrays
+from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution
+from .sequence import SequenceState
+from .target import Target
+
+
+@dataclass
+class Cycle:
+    g: int  # guesses verified
+    source: str  # who made them
+    kept: mx.array
+    tokens: mx.array  # [g + 1]: the first kept + 1 are the output
+    hidden: mx.array  # [1, g + 1, H]
+    reports: Dict[str, mx.array]
+
+    def arrays(self) -> list:
+        return [self.kept, self.tokens, self.hidden, *self.reports.values()]
+
+
+@dataclass
+class Start:
+    """What is settled before a cycle: its input token and the target's hidden state before it
+    (arrays, possibly still being computed), how many tokens are settled, and the output index
+    of the cycle's first token (for the uniforms)."""
+
+    last: mx.array  # [1, 1]
+    hidden: Optional[mx.array]  # [1, 1, H]; None before the first target pass
+    length: int
+    generated: int
+
+    @classmethod
+    def settled(cls, state: SequenceState) -> "Start":
+        last = mx.array([state.tokens[-1:]], dtype=mx.int32)
+        return cls(last, state.hidden, len(state.tokens), state.generated)
+
+    @classmethod
+    def ahead(cls, state: SequenceState, running: Cycle, settles: int) -> "Start":
+        """After `running` settles `settles` tokens (its first settles - 1 guesses kept)."""
+        last = running.tokens[None, settles - 1 : settles]
+        hidden = running.hidden[:, settles - 1 : settles]
+        return cls(last, hidden, len(state.tokens) + settles, state.generated + settles)
+
+
+class CycleBuilder:
+    def __init__(self, target: Target, settings: SamplingSettings, uniforms: dict, report: bool):
+        self.target, self.settings, self.uniforms, self.report = target, settings, uniforms, report
+
+    def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
+        """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
+        target's caches must hold everything before `start.last`."""
+        if start.hidden is None or drafter is None:
+            g = 0  # nothing in the caches yet for a drafter to read, or no drafter
+        draft = self._draft(state, start, g, drafter) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
+        g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
+        inputs = mx.concatenate([start.last, draft.tokens[None]], axis=1)
+        logits, hidden = self.target(inputs, state.cache)
+        dist = distribution(logits[0], self.settings)
+        t0, uniforms = start.generated, self.uniforms
+        if draft.q is None:
+            kept, tokens = accept_by_match(dist, draft.tokens, uniforms["target"].take(t0, g + 1))
+        else:
+            kept, tokens = accept_by_ratio(
+                dist,
+                draft.tokens,
+                draft.q,
+                uniforms["accept"].take(t0, g)[:, 0],
+                uniforms["residual"].take(t0, g),
+                uniforms["target"].take(t0 + g, 1)[0],
+            )
+        reports = report_arrays(logits[0], dist, tokens) if self.report else {}
+        return Cycle(g, draft.source, kept, tokens, hidden, reports)
+
+    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> Draft:
+        context = DraftContext(
+            tokens=state.tokens,
+            last_token=start.last,
+            hidden=start.hidden,
+            shared_kv=self.target.drafter_kv(state.cache),
+            settings=self.settings,
+            uniforms=self.uniforms["draft"].take(start.generated, g),
+            length=start.length,
+        )
+        draft = drafter.draft(context, g)
+        n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
+        if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
+            raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")
+        if draft.q is not None and draft.q.shape != (n, self.target.vocab_size):
+            raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({n}, {self.target.vocab_size})")
+        return draft

@@ -1,0 +1,71 @@
+"""The statistics of a generation: prompt, tokens, cycles, guesses drafted and kept, and what
+the loop itself cost (host synchronisations, cycles launched pre-built, exposed host time)."""
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0  # prompt tokens that went through the target
+    prompt_reused: int = 0  # prompt tokens whose keys and values were already in the caches
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    cycles: int = 0
+    drafted: int = 0
+    kept: int = 0
+    kept_by_position: List[int] = field(default_factory=list)  # [i]: cycles that kept guess i + 1
+    cycles_by_g: Dict[int, int] = field(default_factory=dict)  # cycles per number of guesses
+    kept_by_source: Dict[str, int] = field(default_factory=dict)  # kept guesses per drafter
+    drafted_by_source: Dict[str, int] = field(default_factory=dict)
+    host_syncs: int = 0  # synchronisations in the decoding cycles
+    prebuilt: int = 0  # cycles built while the one before them ran, then launched at once
+    exposed_host_seconds: float = 0.0  # host time between a cycle's sync and the next launch
+    peak_memory_gb: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / self.drafted if self.drafted else 0.0
+
+    @property
+    def exposed_host_ms(self) -> float:
+        """Exposed host time per cycle after the first, in milliseconds."""
+        return 1000 * self.exposed_host_seconds / (self.cycles - 1) if self.cycles > 1 else 0.0
+
+    @property
+    def prebuilt_share(self) -> float:
+        return self.prebuilt / (self.cycles - 1) if self.cycles > 1 else 0.0
+
+    @property
+    def mean_g(self) -> float:
+        return self.drafted / self.cycles if self.cycles else 0.0
+
+    def to_dict(self) -> Dict:
+        out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
+        out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance,
+                   exposed_host_ms=self.exposed_host_ms, prebuilt_share=self.prebuilt_share)
+        return out
+
+    def count(self, g: int, source: str, kept: int, emitted: int) -> None:
+        """A settled cycle: g guesses from `source`, `kept` of them kept, `emitted` tokens."""
+        self.cycles += 1
+        self.drafted += g
+        self.kept += kept
+        self.generated_tokens += emitted
+        self.cycles_by_g[g] = self.cycles_by_g.get(g, 0) + 1
+        if g:
+            self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + g
+            self.kept_by_source[source] = self.kept_by_source.get(source, 0) + kept
+        if len(self.kept_by_position) < g:
+            self.kept_by_position += [0] * (g - len(self.kept_by_position))
+        for i in range(kept):
+            self.kept_by_position[i] += 1
