@@ -8,7 +8,7 @@ default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same pro
 """
 
 from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, TEMPLATE, run_mlx_lm, run_ours, warm_up, workloads
+from runs import SAMPLING, TEMPLATE, agreement, first_difference, run_mlx_lm, run_ours, warm_up, workloads
 
 # The seed's table: transformers on an Apple M5 (DESIGN.md section 7).
 SEED = {
@@ -45,7 +45,15 @@ def main():
             # sampled). mlx-lm is shown for reference only: its greedy takes the argmax of
             # log-probs rounded to the model's dtype, which in bf16 can flip near-ties.
             same = "yes" if on["tokens"] == off["tokens"] == default["tokens"] else "NO"
-            like_mlx_lm = "-" if sampling != "greedy" else ("yes" if off["tokens"] == anchor["tokens"] else "no")
+            if same == "NO" and sampling == "greedy":
+                # Metal may round a 7-position pass and a 1-position pass differently: show
+                # where the outputs part and how close the two tokens' logits were there.
+                other = on["tokens"] if on["tokens"] != off["tokens"] else default["tokens"]
+                where = first_difference(engine, prompt, off["tokens"], other)
+                same = f"NO (from token {where[0]}, logit gap {where[1]:.3g})" if where else "NO (lengths)"
+            # mlx-lm stops at its tokenizer's end tokens, which may not be ours: compared over
+            # the common length then, and the column says so.
+            like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
             speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
             seed = SEED.get(name, ("", "", ""))
             rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",

@@ -11,8 +11,8 @@ and prompt; and a copy (guesses that cost nothing, as prompt lookup's) is set ag
 
 import statistics
 
-from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, ControlledDrafter, cost_ratios, expected_tokens, run_mlx_lm, run_ours, warm_up
+from common import Engine, arguments, build_engine, describe_models, header, machine, markdown, write_json
+from runs import SAMPLING, ControlledDrafter, cost_ratios, device_ms, expected_tokens, run_mlx_lm, run_ours, warm_up
 
 ACCEPTANCE = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
 
@@ -24,7 +24,10 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--trials", type=int, default=3, help="interleaved rounds for the bars")
     args = parser.parse_args()
-    engine = build_engine(args)
+    loaded = build_engine(args)
+    # The reference continuation runs the full length: stop tokens would end it (and every
+    # controlled run with it) wherever the model writes one.
+    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
     if engine.mtp_drafter is None:
         raise SystemExit("controlled acceptance runs the real drafter: give --drafter or --random-weights")
     info = machine()
@@ -35,7 +38,7 @@ def main():
     warm_up(engine, prompt, greedy)
     one_ms, ratios = cost_ratios(engine, prompt, [0, g], args.repeats)
     r, c = ratios[g]["R"], ratios[g]["C"]
-    anchor = run_mlx_lm(engine, prompt, greedy, args.max_tokens)
+    anchor = run_mlx_lm(engine, prompt, greedy, args.max_tokens, stop=False)
     off = run_ours(engine, prompt, greedy, args.max_tokens, mtp=False)
     reference = prompt + off["tokens"]
     results = {"machine": info, "models": describe_models(args), "g": g, "prompt_tokens": len(prompt),
@@ -66,17 +69,20 @@ def main():
                                  "predicted_speedup": predicted, "modelled_speedup": modelled,
                                  "measured_speedup": measured, "measured_over_predicted": measured / predicted,
                                  "measured_over_modelled": measured / modelled, "adaptive_tps": adaptive["tps"],
-                                 "adaptive_cycles_by_g": adaptive["cycles_by_g"]})
+                                 "adaptive_cycles_by_g": adaptive["cycles_by_g"], "prebuilt_share": run["prebuilt_share"],
+                                 "exposed_host_ms": run["exposed_host_ms"], "adaptive_prebuilt_share": adaptive["prebuilt_share"]})
         rows.append([a, f"{run['tps']:.1f}", f"{expected_tokens(a, g):.2f}", f"{run['tokens_per_cycle']:.2f}",
                      f"{predicted:.2f}x", f"{modelled:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}",
-                     f"{measured / modelled:.2f}", f"{adaptive['tps']:.1f}", f"{adaptive['tps'] / off['tps']:.2f}x"])
+                     f"{measured / modelled:.2f}", f"{100 * run['prebuilt_share']:.0f}%", f"{run['exposed_host_ms']:.2f}",
+                     f"{adaptive['tps']:.1f}", f"{adaptive['tps'] / off['tps']:.2f}x"])
     print(markdown(["acceptance", f"g={g} tok/s", "E", "tokens/cycle drawn", "predicted E/(R+C)", "with drawn tokens/cycle",
-                    "measured", "measured / predicted", "measured / with drawn", "adaptive tok/s", "adaptive speed-up"], rows))
+                    "measured", "measured / predicted", "measured / with drawn", "pre-built", "exposed host ms/cycle",
+                    "adaptive tok/s", "adaptive speed-up"], rows))
 
     # The bars compare runs a few percent apart, so they are measured again, interleaved, and
     # the median of `--trials` rounds is taken (the table above is one round).
     configs = {
-        "mlx-lm": lambda: run_mlx_lm(engine, prompt, greedy, args.max_tokens),
+        "mlx-lm": lambda: run_mlx_lm(engine, prompt, greedy, args.max_tokens, stop=False),
         "MTP off": lambda: run_ours(engine, prompt, greedy, args.max_tokens, mtp=False),
         "adaptive, a = 0": lambda: controlled(0.0, None),
         "adaptive, a = 1": lambda: controlled(1.0, None),
@@ -84,10 +90,21 @@ def main():
         **{f"g = {n}, a = 1": (lambda n=n: controlled(1.0, n)) for n in range(1, 9)},
     }
     trials = {name: [] for name in configs}
+    efficiency = []  # device time of a cycle alone / wall time per cycle in the loop (a = 1, g)
     for _ in range(args.trials):
         for name, run in configs.items():
-            trials[name].append(run()["tps"])
+            result = run()
+            trials[name].append(result["tps"])
+            if name == f"g = {g}, a = 1":
+                alone = device_ms(engine, prompt, ControlledDrafter(engine.mtp_drafter, reference, engine.target.vocab_size, 1.0), g)
+                efficiency.append({"device_ms": alone, "loop_ms": result["ms_per_cycle"], "efficiency": alone / result["ms_per_cycle"],
+                                   "prebuilt_share": result["prebuilt_share"], "exposed_host_ms": result["exposed_host_ms"]})
     tps = {name: statistics.median(values) for name, values in trials.items()}
+    loop = sorted(efficiency, key=lambda e: e["efficiency"])[len(efficiency) // 2]
+    results["loop_efficiency"] = {"median": loop, "rounds": efficiency}
+    print(f"\nLoop efficiency at a = 1, g = {g}: a cycle alone takes {loop['device_ms']:.2f} ms on the device, "
+          f"{loop['loop_ms']:.2f} ms per cycle in the loop: {loop['efficiency']:.2f}; cycles launched pre-built "
+          f"{100 * loop['prebuilt_share']:.0f}%, exposed host time {loop['exposed_host_ms']:.2f} ms per cycle")
     best = max(range(1, 9), key=lambda n: tps[f"g = {n}, a = 1"])
     results.update(trials=trials, median_tps=tps, best_fixed_g=best)
     print(f"\nMedian of {args.trials} interleaved rounds (tok/s):\n")
@@ -100,6 +117,7 @@ def main():
         ("a = 0: adaptive >= 0.97 x MTP off", tps["adaptive, a = 0"] / tps["MTP off"], 0.97),
         (f"a = 1: adaptive >= 0.95 x best fixed g (g = {best})", tps["adaptive, a = 1"] / tps[f"g = {best}, a = 1"], 0.95),
         ("copy: free (lookup) guesses > MTP guesses, adaptive", tps["copy (free guesses), adaptive"] / tps["adaptive, a = 1"], 1.0),
+        (f"a = 1, g = {g}: loop efficiency >= 0.93", loop["efficiency"], 0.93),
     ]
     results["bars"] = [{"bar": b, "ratio": v, "needed": need, "met": v >= need} for b, v, need in bars]
     print("\n" + markdown(["bar", "ratio", "met"], [[b, f"{v:.2f}", "yes" if v >= need else "NO"] for b, v, need in bars]))

@@ -62,20 +62,23 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, d
         times.append(time.perf_counter())
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
+            "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms,
+            "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1),
             "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps,
             "cycles_by_g": dict(s.cycles_by_g), "kept_by_source": dict(s.kept_by_source),
             "drafted_by_source": dict(s.drafted_by_source)}
 
 
-def run_mlx_lm(engine, prompt, settings: SamplingSettings, max_tokens):
-    """mlx-lm on the same model: stream_generate with a tokenizer, its generate_step without."""
+def run_mlx_lm(engine, prompt, settings: SamplingSettings, max_tokens, stop=True):
+    """mlx-lm on the same model: stream_generate with a tokenizer (it stops at the tokenizer's
+    end-of-sequence tokens), its generate_step without one or with stop=False (no stops)."""
     from mlx_lm.generate import generate_step, stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(settings.seed or 0)
     sampler = make_sampler(temp=settings.temperature, top_p=settings.top_p if settings.top_p < 1 else 0.0, top_k=settings.top_k)
     tokens, times = [], []
-    if engine.tokenizer is not None:
+    if engine.tokenizer is not None and stop:
         for response in stream_generate(engine.target.model, engine.tokenizer, prompt, max_tokens=max_tokens, sampler=sampler):
             tokens.append(response.token)
             times.append(time.perf_counter())
@@ -152,3 +155,42 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5):
 def expected_tokens(acceptance: float, g: int) -> float:
     """Tokens per cycle when each guess is kept with probability `acceptance`, until the first miss."""
     return float(sum(acceptance**i for i in range(g + 1)))
+
+
+def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
+    """The device time of one cycle measured alone: the cycle's graph is built first, then only
+    its evaluation is timed (the caches are cut back after each)."""
+    from common import median_ms
+    from mlx_spec.cycle import CycleBuilder, Start
+    from mlx_spec.sampling import uniform_streams
+
+    state = SequenceState(engine.target)
+    engine.decoder(mtp=False).add_tokens(state, prompt)
+    builder = CycleBuilder(engine.target, SAMPLING["greedy"], uniform_streams(0), True)
+    times = []
+    for _ in range(repeats + 2):
+        cycle = builder.build(state, Start.settled(state), g, drafter)
+        times.append(median_ms(lambda: mx.eval(cycle.arrays()), 1, warmup=0))
+        trim_cache(state.cache, g + 1)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+def agreement(ours, theirs) -> str:
+    """'yes' / 'no', over the common length when the runs stopped at different lengths (one
+    stopped at a token the other does not stop at), and saying so."""
+    n = min(len(ours), len(theirs))
+    same = "yes" if ours[:n] == theirs[:n] else "no"
+    return same if len(ours) == len(theirs) else f"{same} (first {n})"
+
+
+def first_difference(engine, prompt, a, b):
+    """Where two greedy outputs part: (index, logit of a's token - logit of b's token there, as
+    one target pass over the common prefix computes them), or None when one extends the other."""
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if n is None:
+        return None
+    state = SequenceState(engine.target)
+    engine.decoder(mtp=False).add_tokens(state, prompt + a[:n])
+    logits, _ = engine.target(mx.array([[state.tokens[-1]]]), state.cache)
+    logits = logits[0, -1].astype(mx.float32)
+    return n, (logits[a[n]] - logits[b[n]]).item()

@@ -225,10 +225,10 @@ class Decoder:
             trim_cache(state.cache, ahead.cycle.g + 1)
 
     def _launch(self, cycle: Cycle) -> None:
-        mx.async_eval(cycle.arrays())
-        if self._synced_at is not None:
+        if self._synced_at is not None:  # the host work between the last sync and this launch
             self.stats.exposed_host_seconds += time.perf_counter() - self._synced_at
             self._synced_at = None
+        mx.async_eval(cycle.arrays())
 
     def _sync(self, cycle: Cycle, budget: int, launched_next: bool):
         """The cycle's one host synchronisation: its output tokens (cut at a stop token and at

@@ -109,3 +109,21 @@ def test_workloads_render_as_the_seed_measured(checkpoints):
         '<|tool_response>response:get_current_time{city:<|"|>New York<|"|>,time:<|"|>2026-11-29 08:04<|"|>,'
         'timezone:<|"|>America/New_York<|"|>}<tool_response|>'
     )
+
+
+def test_agreement_and_first_difference(checkpoints):
+    sys.path.insert(0, str(BENCH))
+    from runs import agreement, first_difference
+
+    from mlx_spec import load
+
+    assert agreement([1, 2, 3], [1, 2, 3]) == "yes"
+    assert agreement([1, 2, 3], [1, 2]) == "yes (first 2)"
+    assert agreement([1, 5, 3], [1, 2]) == "no (first 2)"
+    engine = load(str(checkpoints["text"]), drafter=None)
+    prompt = list(range(10, 40))
+    greedy = engine.generate(prompt, max_tokens=12, mtp=False).tokens
+    other = greedy[:5] + [(greedy[5] + 1) % 384] + greedy[6:]
+    index, gap = first_difference(engine, prompt, greedy, other)
+    assert index == 5 and gap > 0  # the greedy token had the higher logit
+    assert first_difference(engine, prompt, greedy, greedy[:4]) is None

@@ -1,0 +1,166 @@
+"""What a cycle costs the host, measured without running the model: the time to build one cycle's
+lazy graph for g = 0..8 at the full E2B shape (random weights, nothing evaluated, nothing
+downloaded), the number of graph nodes (primitives, each one a kernel launch) in a target pass,
+a draft step and sampling + acceptance + reports, and mlx-lm's per-token figures beside them.
+
+With `--positions bench/results/positions.json` from a Mac (device times of a target pass and of
+the drafter), it also predicts tok/s with a serial build (build + device) and with a pipelined
+one (max(build, device)), at acceptance 0 (g = 0) and 1 (g = 6).
+
+    python bench/overhead.py                 # seconds, anywhere
+    python bench/overhead.py --positions bench/results/positions.json
+"""
+
+import io
+import json
+import statistics
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gemma4_text
+from mlx_lm.models.cache import make_prompt_cache
+
+from common import E2B, E2B_ASSISTANT, arguments, header, machine, markdown, write_json
+from mlx_spec.assistant import Assistant, AssistantConfig
+from mlx_spec.cycle import CycleBuilder, Start
+from mlx_spec.drafters import MTPDrafter
+from mlx_spec.reports import report_arrays
+from mlx_spec.sampling import SamplingSettings, accept_by_match, distribution, uniform_streams
+from mlx_spec.sequence import SequenceState
+from mlx_spec.target import Target, trim_cache
+
+# The E2B structure (35 layers, its sharing and layer types) at widths small enough to evaluate:
+# the number of graph nodes depends on the structure, not on the widths.
+NARROW = dict(E2B, hidden_size=128, intermediate_size=256, head_dim=64, global_head_dim=128, vocab_size=4096,
+              vocab_size_per_layer_input=4096, hidden_size_per_layer_input=64)
+NARROW_ASSISTANT = dict(E2B_ASSISTANT, hidden_size=128, intermediate_size=256, head_dim=64, global_head_dim=128,
+                        vocab_size=4096)
+
+
+def models(shape: dict, assistant_shape: dict, bits=4):
+    """Target and drafter of these shapes with lazy random weights, quantized like the default
+    model (the drafter stays bf16, as the default assistant)."""
+    target = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(dict(shape, model_type="gemma4_text")))
+    target.set_dtype(mx.bfloat16)
+    nn.quantize(target, group_size=64, bits=bits,
+                class_predicate=lambda p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 64 == 0)
+    config = {"text_config": dict(assistant_shape, model_type="gemma4_text"), "backbone_hidden_size": shape["hidden_size"],
+              "use_ordered_embeddings": True, "num_centroids": assistant_shape["vocab_size"] // 128,
+              "centroid_intermediate_top_k": 32}
+    assistant = Assistant(AssistantConfig.from_dict(config))
+    assistant.set_dtype(mx.bfloat16)
+    assistant.masked_embedding.token_ordering = mx.random.permutation(assistant_shape["vocab_size"]).astype(mx.int32)
+    return Target(target), assistant
+
+
+def filled(target: Target, context: int, evaluate: bool) -> SequenceState:
+    state = SequenceState(target)
+    state.tokens = mx.random.randint(0, target.vocab_size, (context + 1,)).tolist()
+    state.hidden = target.hidden(mx.array([state.tokens[:-1]]), state.cache)[:, -1:]
+    if evaluate:
+        mx.eval(state.hidden, [c.keys for c in state.cache], [c.values for c in state.cache])
+    return state
+
+
+def build_ms(builder, drafter, state, g, repeats) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        builder.build(state, Start.settled(state), g, drafter)
+        times.append(1000 * (time.perf_counter() - start))
+        trim_cache(state.cache, g + 1)
+    return statistics.median(times)
+
+
+def mlx_lm_build_ms(target: Target, context: int, repeats: int) -> float:
+    """mlx-lm's per-token graph: the model on one token, log-probs and the argmax."""
+    cache = make_prompt_cache(target.model)
+    target.model(mx.random.randint(0, target.vocab_size, (1, context)), cache=cache)
+    y = mx.array([[1]])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        logits = target.model(y, cache=cache)[:, -1, :]
+        y = mx.argmax(logits - mx.logsumexp(logits, keepdims=True), axis=-1)[None]
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def nodes(*arrays) -> int:
+    """Primitives in the graph that computes `arrays` (evaluated arrays are leaves)."""
+    out = io.StringIO()
+    mx.export_to_dot(out, *arrays)
+    return out.getvalue().count("shape=rectangle")
+
+
+def node_counts(g: int) -> dict:
+    target, assistant = models(NARROW, NARROW_ASSISTANT)
+    mx.eval(target.model.parameters(), assistant.parameters())
+    state = filled(target, 64, evaluate=True)
+    caches = lambda: [a for c in state.cache for a in (c.keys, c.values)]  # noqa: E731
+    last = mx.array([[1] * (g + 1)])
+    logits, hidden = target(last, state.cache)
+    counts = {"target pass": nodes(logits, hidden, *caches())}
+    mx.eval(logits, hidden, caches())
+    settings = SamplingSettings.named("gemma")
+    dist = distribution(logits[0], settings)
+    kept, tokens = accept_by_match(dist, mx.array([1] * g), mx.random.uniform(shape=(g + 1, 2)))
+    counts["sampling + acceptance"] = nodes(kept, tokens)
+    counts["reports"] = nodes(*report_arrays(logits[0], dist, tokens).values()) - nodes(tokens)
+    kv = target.drafter_kv(state.cache)
+    h, nxt = assistant.step(target.embed(mx.array([[1]])), hidden[:, :1], kv, mx.array(64))
+    counts["draft step"] = nodes(assistant.greedy_token(h), nxt)
+    trim_cache(state.cache, g + 1)
+    builder = CycleBuilder(target, settings, uniform_streams(0), True)
+    cycle = builder.build(state, Start.settled(state), g, MTPDrafter(assistant, target))
+    counts[f"whole cycle, g = {g}"] = nodes(*cycle.arrays(), *caches())
+    y = mx.array([[1]])
+    lm_logits = target.model(y, cache=make_prompt_cache(target.model))[:, -1, :]
+    counts["mlx-lm token"] = nodes(mx.argmax(lm_logits - mx.logsumexp(lm_logits, keepdims=True), axis=-1))
+    return counts
+
+
+def main():
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--positions", default=None, help="positions.py's JSON from a Mac, for predicted tok/s")
+    args = parser.parse_args()
+    info = machine()
+    target, assistant = models(E2B, E2B_ASSISTANT)  # lazy: nothing is allocated
+    state = filled(target, args.context, evaluate=False)
+    builder = CycleBuilder(target, SamplingSettings.named("gemma"), uniform_streams(0), True)
+    drafter = MTPDrafter(assistant, target)
+    print(header("Host cost of a cycle (E2B shape, 4-bit, lazy random weights, nothing evaluated)", info,
+                 {"context": args.context, "repeats": args.repeats, "sampling": "gemma"}))
+    build = {g: build_ms(builder, drafter, state, g, args.repeats) for g in range(9)}
+    lm_ms = mlx_lm_build_ms(target, args.context, args.repeats)
+    print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()] + [["mlx-lm token", f"{lm_ms:.2f}"]]))
+    counts = node_counts(6)
+    print("\nGraph nodes (primitives, one kernel launch each), E2B structure:\n")
+    print(markdown(["graph", "nodes"], [[k, v] for k, v in counts.items()]))
+    results = {"machine": info, "context": args.context, "build_ms": build, "mlx_lm_build_ms": lm_ms, "nodes": counts}
+    if args.positions:
+        results["predicted"] = predict(json.loads(open(args.positions).read()), build, lm_ms)
+    print(f"\nJSON: {write_json('overhead', args, results)}")
+
+
+def predict(positions: dict, build: dict, lm_ms: float) -> list:
+    """tok/s at acceptance 0 (g = 0) and 1 (g = 6) from device times and this host's build times."""
+    context = min(r["context"] for r in positions["target"])
+    device = {r["positions"]: r["ms"] for r in positions["target"] if r["context"] == context}
+    draft = {r["steps"]: r["ms"] for r in positions["drafter"]}
+    rows = []
+    for name, g, tokens in (("acceptance 0, g = 0", 0, 1), ("acceptance 1, g = 6", 6, 7)):
+        dev = device[g + 1] + draft.get(g, 0.0)
+        serial, piped = build[g] + dev, max(build[g], dev)
+        rows.append({"case": name, "device_ms": dev, "serial_tps": 1000 * tokens / serial, "pipelined_tps": 1000 * tokens / piped})
+    rows.append({"case": "mlx-lm (pipelined)", "device_ms": device[1], "pipelined_tps": 1000 / max(lm_ms, device[1])})
+    print(f"\nPredicted with the device times of {positions['machine']['chip']} at context {context}:\n")
+    print(markdown(["case", "device ms", "serial tok/s", "pipelined tok/s"],
+                   [[r["case"], f"{r['device_ms']:.2f}", f"{r.get('serial_tps', 0):.1f}", f"{r['pipelined_tps']:.1f}"] for r in rows]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
