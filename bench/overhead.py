@@ -137,7 +137,8 @@ def main():
     lm_ms = mlx_lm_build_ms(target, args.context, args.repeats)
     print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()] + [["mlx-lm token", f"{lm_ms:.2f}"]]))
     counts = node_counts(6)
-    print("\nGraph nodes (primitives, one kernel launch each), E2B structure:\n")
+    print("\nGraph nodes (primitives, one kernel launch each), E2B structure. On a CPU, MLX's fused kernels")
+    print(f"(RMS norm, RoPE, attention) appear as their fallbacks' many nodes; on Metal each is one. Here: {info['device']}\n")
     print(markdown(["graph", "nodes"], [[k, v] for k, v in counts.items()]))
     results = {"machine": info, "context": args.context, "build_ms": build, "mlx_lm_build_ms": lm_ms, "nodes": counts}
     if args.positions:
