@@ -150,6 +150,7 @@ class Decoder:
                 hit = ahead is not None and len(tokens) == ahead.settles and not stop
                 if ahead is not None and not hit:
                     self._undo(state, ahead)
+                    ahead = None
                 elif hit and ahead.snapshot is not None:
                     ahead.snapshot = None
                     self._launch(ahead.cycle)
