@@ -141,3 +141,20 @@ def test_prompt_cache_resumes_the_closest_conversation_within_its_bounds(engine,
     cache.max_bytes = newest.nbytes  # room for the newest only: the oldest goes
     cache.give_back(SequenceState(engine.target))
     assert cache.sequences == [newest]
+
+
+def test_a_checkpoint_taken_after_a_trim_back_is_not_trimmed_below_its_reach(engine, tokens):
+    """A prompt that resumed by trimming far back (the sliding caches had gone further) is
+    checkpointed with that furthest mark: going back before it must not trust the checkpoint to
+    reach `MAX_TRIM` below its own offset (it once raised 'cannot trim')."""
+    state = conversation(engine, tokens)
+    held = list(state.tokens)
+    furthest = state.cache[0].furthest
+    new = held[: furthest - MAX_TRIM + 2] + tokens[300:302]  # resumes by trimming, no checkpoint
+    start(engine, state, new)  # the checkpoint at len(new) remembers `furthest`
+    answer(engine, state, 5)
+    other = new[: len(new) - MAX_TRIM + 1] + tokens[350:360]  # within MAX_TRIM of that checkpoint
+    length = state.rewind(other)
+    start(engine, state, other)
+    assert answer(engine, state, 30) == fresh(engine, other)
+    assert length <= len(other) - 10
