@@ -3,7 +3,7 @@ that shows every token's probability.
 
 app.py: the routes; schemas.py: requests and errors; generation.py: what a request does on the
 model's thread; responses.py: OpenAI's response objects; worker.py: the queue in front of the
-model.
+model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
 from typing import Any, Callable, Dict, Optional

@@ -1,4 +1,4 @@
-"""The routes: OpenAI's chat completions, completions and models, and /health.
+"""The routes: OpenAI's chat completions, completions and models, /health, and the page at /.
 
 Every failure answers with OpenAI's error object and status. A request is parsed and checked
 here, then queued for the model (`worker.Worker`); the handler waits for its job's first event
@@ -8,14 +8,16 @@ here, then queued for the model (`worker.Worker`); the handler waits for its job
 import asyncio
 import json
 import secrets
+from importlib import resources
 from typing import Any, AsyncIterator, Dict, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.staticfiles import StaticFiles
 
 from ..sampling import SettingsError
 from .generation import Done, Started, Token, generation
@@ -24,6 +26,7 @@ from .schemas import APIError, ChatRequest, CompletionRequest
 from .worker import Worker
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files, no build step
 
 
 def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key: Optional[str] = None,
@@ -108,6 +111,11 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
         return await answer(request, worker.submit(work), CompletionFormat(model_id, req.logprobs, req.x_report),
                              req.stream, req.include_usage)
 
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
 
