@@ -86,6 +86,11 @@ class SequenceState:
         self.checkpoints.append(Checkpoint(len(self.tokens), sliding, self.hidden))
         del self.checkpoints[:-MAX_CHECKPOINTS]
 
+    def resumable(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` `rewind(tokens)` would keep (nothing changes)."""
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        return keep if keep == len(self.tokens) else self._resume_point(keep)[0]
+
     def rewind(self, tokens: Sequence[int]) -> int:
         """Go back to the longest prefix of `tokens` this state can resume from, and return its
         length. The last of `tokens` is never kept: it must go through the target again, for
