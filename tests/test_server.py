@@ -308,3 +308,12 @@ def test_serve_reports_a_missing_model_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tmp_path / "none"),
                           "--port", "9"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
     assert out.returncode == 1 and out.stderr.strip() == f"mlx-spec: target {tmp_path / 'none'}: no such folder"
+
+
+def test_a_client_that_times_out_without_streaming_frees_the_model(server, client, model, engine):
+    body = {"model": model, "messages": ask("What time is it?"), "max_tokens": 3000, "mtp": False}
+    with pytest.raises(httpx.ReadTimeout):  # 3,000 tokens take far longer than this
+        httpx.post(server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=2)
+    assert server.wait_idle(timeout=5) < 5
+    reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=10, extra_body={"x_report": True})
+    assert ids(reply.choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=10).tokens

@@ -152,44 +152,38 @@ def invalid(errors) -> APIError:
     return APIError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-async def next_event(job, events: AsyncIterator, request: Request):
-    """The job's next event; the job is cancelled when the client leaves while we wait."""
-    waiting = asyncio.ensure_future(events.__anext__())
-    try:
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=0.25)
-            if done:
-                return waiting.result()
-            if await request.is_disconnected():
-                job.cancel()
-    except asyncio.CancelledError:  # the server is stopping this request
-        job.cancel()
-        waiting.cancel()
-        raise
+async def watch(request: Request, job) -> None:
+    """Cancel the job when the client leaves (until the response starts)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    job.cancel()
 
 
 async def answer(request: Request, job, form, stream: bool, include_usage: bool) -> Response:
     events = job.__aiter__()
+    watcher = asyncio.ensure_future(watch(request, job))
     try:
-        started = await next_event(job, events, request)
-    except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuses
-        raise APIError(400, str(e), code="invalid_value") from None
-    except StopAsyncIteration:  # cancelled before it started
-        return cancelled()
-    assert isinstance(started, Started), started
-    if stream:
-        return StreamingResponse(sse(job, events, form, started.prompt_tokens, include_usage),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    tokens = []
-    try:
-        while True:
-            event = await next_event(job, events, request)
+        started = await events.__anext__()
+        assert isinstance(started, Started), started
+        if stream:  # from here on, the streaming response watches the connection itself
+            return StreamingResponse(sse(job, events, form, started.prompt_tokens, include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        tokens = []
+        async for event in events:
             if isinstance(event, Token):
                 tokens.append(event)
             elif isinstance(event, Done):
                 return JSONResponse(form.completion(started.prompt_tokens, tokens, event))
-    except StopAsyncIteration:
         return cancelled()
+    except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuses
+        raise APIError(400, str(e), code="invalid_value") from None
+    except StopAsyncIteration:  # cancelled before it started
+        return cancelled()
+    except asyncio.CancelledError:  # the server is stopping this request
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
 
 
 async def sse(job, events: AsyncIterator, form, prompt_tokens: int, include_usage: bool):
