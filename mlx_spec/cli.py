@@ -264,7 +264,7 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every /v1 request.")
 @click.option("--cache-gb", type=float, default=4.0, show_default=True,
-              help="Memory for the prompt cache of recent conversations (least recently used go first).")
+              help="Memory for the prompt cache of recent conversations (least recently used go first; 0 turns it off).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="uvicorn's log level.")
 def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,

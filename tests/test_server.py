@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import openai
@@ -268,6 +269,11 @@ def test_queue_is_visible_and_a_dropped_stream_frees_the_model(server, client, m
             break
         busy = server.health()
     assert busy["running"] == 1 and busy["waiting"] == 1
+    # The model's work does not hold up the event loop: other connections are answered at once.
+    started = time.perf_counter()
+    for _ in range(5):
+        server.health()
+    assert (time.perf_counter() - started) / 5 < 0.5
     stream.close()  # the client leaves mid-answer
     assert server.wait_idle(timeout=10) < 10
     queued.join(30)

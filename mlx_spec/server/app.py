@@ -123,7 +123,7 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
 def settings(req, defaults: Dict[str, Any]) -> Dict[str, Any]:
     """Decoding settings: the request's where it gives them, the server's elsewhere."""
     pick = lambda name, default: default if name is None else name  # noqa: E731
-    mtp = defaults["mtp"] if req.mtp is None else (None if req.mtp else False)
+    mtp = defaults["mtp"] if req.mtp is None else req.mtp  # True insists on a loaded drafter
     return dict(
         temperature=pick(req.temperature, defaults["temperature"]), top_k=pick(req.top_k, defaults["top_k"]),
         top_p=pick(req.top_p, defaults["top_p"]), seed=pick(req.seed, defaults["seed"]), mtp=mtp,

@@ -42,7 +42,7 @@ class _Request(BaseModel):
     presence_penalty: Optional[StrictFloat] = 0.0
     frequency_penalty: Optional[StrictFloat] = 0.0
     logit_bias: Optional[Dict[str, StrictFloat]] = None
-    mtp: Optional[StrictBool] = None  # extension: False decodes with the target alone
+    mtp: Optional[StrictBool] = None  # extension: False decodes with the target alone, True needs a drafter
     x_report: StrictBool = False  # extension: our per-token reports as `x_tokens`
 
     @field_validator("stop")

@@ -120,7 +120,7 @@ async function send(text) {
   messages.push({ role: "user", content: text });
   const request = {
     model, messages, stream: true, stream_options: { include_usage: true }, x_report: true,
-    mtp: $("mtp").checked, thinking: $("thinking").checked,
+    mtp: $("mtp").checked ? undefined : false, thinking: $("thinking").checked,
     temperature: number("temperature"), top_k: number("top_k"), top_p: number("top_p"),
     max_tokens: number("max_tokens"),
   };
