@@ -207,6 +207,8 @@ def test_errors_are_the_clients_own_types(server, client, model):
     assert httpx.get(server.url + "/v1/nothing", headers=headers).json()["error"]["code"] == "not_found"
     big = httpx.post(server.url + "/v1/chat/completions", content=b"x" * (17 * 2**20), headers=headers)
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    chunked = httpx.post(server.url + "/v1/chat/completions", content=(b"x" * 2**20 for _ in range(17)), headers=headers)
+    assert chunked.status_code == 413  # no Content-Length: counted as it arrives
     # None of it left a mark: the next answer is right.
     assert client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=5).choices[0].message.content is not None
     assert server.health()["running"] == 0
