@@ -46,10 +46,9 @@ def browser():
 
 
 def send(browser, text):
-    box = browser.find_element(By.ID, "prompt")
-    box.send_keys(text)
-    browser.find_element(By.ID, "send").click()
     count = len(browser.find_elements(By.CSS_SELECTOR, ".stats"))
+    browser.find_element(By.ID, "prompt").send_keys(text)
+    browser.find_element(By.ID, "send").click()
     WebDriverWait(browser, 120).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".stats")) > count)
     return browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
 
@@ -107,9 +106,55 @@ def test_the_page_is_shipped_and_offline(server):
     import httpx
 
     page = httpx.get(server.url + "/").text
-    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assets = [a for a in re.findall(r'(?:src|href)="([^"]+)"', page) if a != "data:,"]  # no favicon request
     assert assets and all(a.startswith("/static/") for a in assets)
     for asset in assets:
         assert httpx.get(server.url + asset).status_code == 200
         assert Path(ROOT / "mlx_spec/server/static" / asset.removeprefix("/static/")).is_file()
     assert "http" not in "".join((ROOT / "mlx_spec/server/static" / a.removeprefix("/static/")).read_text() for a in assets)
+
+
+def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, checkpoints):
+    """The tiny random model calls no tool, so the page is fed the server's own chunks for a
+    generation that thinks, answers and calls a tool (built by `ChatFormat` from the tokens)."""
+    import json
+
+    from mlx_spec.decoder import Stats
+    from mlx_spec.reports import TokenReport
+    from mlx_spec.server.generation import Done, Token
+    from mlx_spec.server.responses import ChatFormat
+
+    engine = load(str(checkpoints["text"]), drafter=None)
+    text = '<|channel>thought\nHmm.<channel|>Let me check.<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'
+    ids = engine.tokenizer.encode(text, add_special_tokens=False) + [engine.tokenizer.convert_tokens_to_ids("<|tool_response>")]
+    steps = list(engine.with_text(TokenReport(t, drafted=i % 2 == 1, cycle=i, prob=0.9, rank=1, sampling_prob=1.0,
+                                              candidates=1) for i, t in enumerate(ids)))
+    result = engine.result(steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
+    form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=True)
+    tokens = [Token(s, engine.piece(s.token), s.token in engine.stop_tokens) for s in steps]
+    chunks = [form.first_chunk(), *filter(None, map(form.token_chunk, tokens)),
+              *form.last_chunks(20, Done(result, result.finish_reason, result.text), include_usage=True)]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    browser.get(server.url + "/")
+    WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "model").text)
+    browser.execute_script("""
+        const real = window.fetch, sse = arguments[0];
+        window.sent = [];
+        window.fetch = (url, options) => {
+          if (!String(url).includes("/chat/completions")) return real(url, options);
+          window.sent.push(JSON.parse(options.body));
+          return Promise.resolve(new Response(sse, {headers: {"Content-Type": "text/event-stream"}}));
+        };""", sse)
+    answer = send(browser, "What time is it in Taipei?")
+    assert answer.find_element(By.CSS_SELECTOR, ".thought").text == "Hmm."
+    assert "".join(t.get_attribute("textContent") for t in answer.find_elements(By.CSS_SELECTOR, ".body > .tok")) == "Let me check."
+    calls = [c.text for c in answer.find_elements(By.CSS_SELECTOR, ".call:not(.callraw)")]
+    assert calls == ['tool call: get_time({"city": "Taipei"})']
+    assert len(answer.find_elements(By.CSS_SELECTOR, ".tok.kept")) > 0
+    assert "guesses kept 2/4" in answer.find_element(By.CSS_SELECTOR, ".stats").text
+    send(browser, "Thanks")
+    history = browser.execute_script("return window.sent")[1]["messages"]
+    assert history[1]["content"] == "Let me check."
+    assert history[1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"city": "Taipei"}'}
+    assert "index" not in history[1]["tool_calls"][0]
