@@ -1,4 +1,4 @@
-"""The `mlx-spec` command: `chat` and `generate`, with mlx-lm's flag spellings."""
+"""The `mlx-spec` command: `chat`, `generate` and `serve`, with mlx-lm's flag spellings."""
 
 import json
 import os
@@ -256,6 +256,32 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
     else:
         printer.end()
         click.echo(stats_line(result.stats), err=True)
+
+
+@cli.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (other hosts only when asked).")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every /v1 request.")
+@click.option("--cache-gb", type=float, default=4.0, show_default=True,
+              help="Memory for the prompt cache of recent conversations (least recently used go first; 0 turns it off).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True, help="uvicorn's log level.")
+def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
+          thinking, host, port, api_key, cache_gb, log_level):
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions) and the token page at /.
+
+    The sampling flags, --max-tokens and --thinking are the defaults for requests that leave
+    them out."""
+    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    if cache_gb < 0:
+        raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
+    from .server import serve as run_server  # FastAPI and uvicorn only for this command
+
+    defaults = dict(decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
+                    max_tokens=max_tokens, thinking=thinking)
+    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)  # noqa: E731
+    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

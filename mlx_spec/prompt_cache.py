@@ -8,7 +8,7 @@ target. Memory is bounded: the least recently used sequences go first.
 
 from typing import List, Tuple
 
-from .sequence import SequenceState, common_prefix
+from .sequence import SequenceState
 from .target import Target
 
 
@@ -23,11 +23,17 @@ class PromptCache:
 
     def take(self, tokens: List[int]) -> Tuple[SequenceState, int]:
         """The sequence to decode `tokens` in, and how many of them it already holds. The
-        sequence leaves the cache until it is given back."""
-        shared = [common_prefix(s.tokens, tokens) for s in self.sequences]
-        if shared and max(shared) > 0:
-            state = self.sequences.pop(shared.index(max(shared)))
-            return state, state.rewind(tokens)
+        sequence leaves the cache until it is given back.
+
+        A prompt resumes the sequence that can keep the most of it, when that is at least half
+        of what the sequence holds (its own conversation going on); otherwise it starts a new
+        one, and a conversation that merely shares a system prompt leaves the others intact."""
+        resumable = [s.resumable(tokens) for s in self.sequences]
+        if resumable and max(resumable) > 0:
+            i = resumable.index(max(resumable))
+            if 2 * resumable[i] >= len(self.sequences[i].tokens):
+                state = self.sequences.pop(i)
+                return state, state.rewind(tokens)
         return SequenceState(self.target), 0
 
     def give_back(self, state: SequenceState) -> None:

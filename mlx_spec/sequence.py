@@ -36,6 +36,12 @@ class Checkpoint:
     sliding: Dict[int, tuple]  # cache index -> SlidingWindowCache.snapshot()
     hidden: Optional[mx.array]
 
+    def trimmable_to(self, offset: int, max_trim: int) -> bool:
+        """Whether the sliding caches, restored, can be trimmed to `offset` positions: no lower
+        than `max_trim` below the furthest position each had written when it was taken (which
+        is beyond the checkpoint when the state had been trimmed back before it)."""
+        return all(furthest - max_trim <= offset for *_, furthest in self.sliding.values())
+
     @property
     def nbytes(self) -> int:
         """What the checkpoint holds once the caches have moved on (their buffers' size)."""
@@ -80,6 +86,11 @@ class SequenceState:
         self.checkpoints.append(Checkpoint(len(self.tokens), sliding, self.hidden))
         del self.checkpoints[:-MAX_CHECKPOINTS]
 
+    def resumable(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` `rewind(tokens)` would keep (nothing changes)."""
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        return keep if keep == len(self.tokens) else self._resume_point(keep)[0]
+
     def rewind(self, tokens: Sequence[int]) -> int:
         """Go back to the longest prefix of `tokens` this state can resume from, and return its
         length. The last of `tokens` is never kept: it must go through the target again, for
@@ -113,7 +124,7 @@ class SequenceState:
         if all(c.trimmable_to(target) for _, c in self._sliding()):
             return keep, None
         for cp in reversed(self.checkpoints):
-            if 0 <= (cp.length - 1) - target <= self.max_trim:
+            if cp.length - 1 >= target and cp.trimmable_to(target, self.max_trim):
                 return keep, cp
         before = [cp for cp in self.checkpoints if cp.length <= keep]
         return (before[-1].length, before[-1]) if before else (0, None)

@@ -141,3 +141,43 @@ def test_prompt_cache_resumes_the_closest_conversation_within_its_bounds(engine,
     cache.max_bytes = newest.nbytes  # room for the newest only: the oldest goes
     cache.give_back(SequenceState(engine.target))
     assert cache.sequences == [newest]
+
+
+def test_a_checkpoint_taken_after_a_trim_back_is_not_trimmed_below_its_reach(engine, tokens):
+    """A prompt that resumed by trimming far back (the sliding caches had gone further) is
+    checkpointed with that furthest mark: going back before it must not trust the checkpoint to
+    reach `MAX_TRIM` below its own offset (it once raised 'cannot trim')."""
+    state = conversation(engine, tokens)
+    held = list(state.tokens)
+    furthest = state.cache[0].furthest
+    new = held[: furthest - MAX_TRIM + 2] + tokens[300:302]  # resumes by trimming, no checkpoint
+    start(engine, state, new)  # the checkpoint at len(new) remembers `furthest`
+    answer(engine, state, 5)
+    other = new[: len(new) - MAX_TRIM + 1] + tokens[350:360]  # within MAX_TRIM of that checkpoint
+    length = state.rewind(other)
+    start(engine, state, other)
+    assert answer(engine, state, 30) == fresh(engine, other)
+    assert length <= len(other) - 10
+
+
+def test_a_conversation_sharing_only_a_system_prompt_leaves_the_others_intact(engine, tokens):
+    """Two agents' conversations that share a system prompt, interleaved: each resumes its own
+    sequence, instead of the other taking it and rewinding it to the system prompt."""
+    cache = PromptCache(engine.target, max_bytes=10**9, max_sequences=4)
+    system = tokens[:10]
+    held_back = {}
+    for name, prompt in (("a", system + tokens[10:40]), ("b", system + tokens[100:130])):
+        state, held = cache.take(prompt)
+        assert held == 0
+        start(engine, state, prompt)
+        answer(engine, state, 20)
+        held_back[name] = list(state.tokens)
+        cache.give_back(state)
+    assert len(cache) == 2
+    for name, extra in (("a", tokens[200:210]), ("b", tokens[210:220])):
+        prompt = held_back[name] + extra
+        state, held = cache.take(prompt)
+        assert held == len(held_back[name])  # its whole conversation so far
+        start(engine, state, prompt)
+        assert answer(engine, state, 30) == fresh(engine, prompt)
+        cache.give_back(state)

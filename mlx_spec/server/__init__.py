@@ -1,0 +1,37 @@
+"""`mlx-spec serve`: an OpenAI-compatible server over one Engine, with a prompt cache and a page
+that shows every token's probability.
+
+app.py: the routes; schemas.py: requests and errors; generation.py: what a request does on the
+model's thread; responses.py: OpenAI's response objects; worker.py: the queue in front of the
+model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
+"""
+
+from typing import Any, Callable, Dict, Optional
+
+from .app import create_app
+from .worker import Worker
+
+__all__ = ["create_app", "serve", "Worker"]
+
+
+def serve(load: Callable[[], Any], model_id: str, defaults: Dict[str, Any], host: str = "127.0.0.1", port: int = 8080,
+          api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info") -> None:
+    """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
+    running answers are stopped, the model's thread ends, and the call returns."""
+    import uvicorn
+
+    worker = Worker(load, int(cache_gb * 1e9))
+    app = create_app(worker, model_id, defaults, api_key)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            worker.cancel_all()  # streams end now, instead of after the graceful-shutdown timeout
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the caught signal again once it has shut down
+        pass
+    finally:
+        worker.close()

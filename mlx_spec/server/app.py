@@ -1,0 +1,250 @@
+"""The routes: OpenAI's chat completions, completions and models, /health, and the page at /.
+
+Every failure answers with OpenAI's error object and status. A request is parsed and checked
+here, then queued for the model (`worker.Worker`); the handler waits for its job's first event
+(the prompt processed, or an error still answerable with a status) before it answers.
+"""
+
+import asyncio
+import json
+import secrets
+from importlib import resources
+from typing import Any, AsyncIterator, Dict, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.staticfiles import StaticFiles
+
+from ..sampling import SettingsError
+from .generation import Done, Started, Token, generation
+from .responses import ChatFormat, CompletionFormat
+from .schemas import APIError, ChatRequest, CompletionRequest
+from .worker import Worker
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files, no build step
+
+
+def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key: Optional[str] = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """defaults: the server's settings for what a request leaves out (temperature, top_k,
+    top_p, seed, mtp, draft_tokens, lookup, max_tokens, thinking)."""
+    app = FastAPI(title="mlx-spec", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        message = "Unknown route" if e.status_code == 404 else str(e.detail)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status_code)
+        return JSONResponse(APIError(e.status_code, f"{message}: {request.method} {request.url.path}", code=code).body(),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        error = APIError(500, f"{type(e).__name__}: {e}", type="server_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        return JSONResponse(invalid(e.errors()).body(), status_code=400)
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def check_model(name: Optional[str]) -> None:
+        if name is not None and name not in (model_id, model_id.rstrip("/").rsplit("/", 1)[-1]):
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{model_id}`.",
+                           param="model", code="model_not_found")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, **worker.status()}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request):
+        check_key(request)
+        check_model(name)
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_key(request)
+        req = await parse(request, ChatRequest)
+        check_model(req.model)
+        thinking = req.enable_thinking if req.enable_thinking is not None else defaults["thinking"]
+        top = req.top_logprobs or 0
+        work = generation(
+            req.messages, settings=settings(req, defaults), max_tokens=req.limit,
+            default_max_tokens=defaults["max_tokens"], stops=req.stop or [], tools=req.active_tools,
+            thinking=thinking, report=bool(req.logprobs or req.x_report),
+        )
+        return await answer(request, worker.submit(work), ChatFormat(model_id, bool(req.logprobs), top, req.x_report),
+                            req.stream, req.include_usage)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        check_key(request)
+        req = await parse(request, CompletionRequest)
+        check_model(req.model)
+        work = generation(
+            req.prompt, settings=settings(req, defaults), max_tokens=req.limit,
+            default_max_tokens=defaults["max_tokens"], stops=req.stop or [],
+            report=req.logprobs is not None or req.x_report, all_channels=True,
+        )
+        return await answer(request, worker.submit(work), CompletionFormat(model_id, req.logprobs, req.x_report),
+                             req.stream, req.include_usage)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app
+
+
+def settings(req, defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """Decoding settings: the request's where it gives them, the server's elsewhere."""
+    pick = lambda name, default: default if name is None else name  # noqa: E731
+    mtp = defaults["mtp"] if req.mtp is None else req.mtp  # True insists on a loaded drafter
+    return dict(
+        temperature=pick(req.temperature, defaults["temperature"]), top_k=pick(req.top_k, defaults["top_k"]),
+        top_p=pick(req.top_p, defaults["top_p"]), seed=pick(req.seed, defaults["seed"]), mtp=mtp,
+        draft_tokens=defaults["draft_tokens"], lookup=defaults["lookup"],
+    )
+
+
+async def parse(request: Request, model):
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        raise APIError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise invalid(e.errors()) from None
+
+
+def invalid(errors) -> APIError:
+    first = errors[0]
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    return APIError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
+
+
+async def watch(request: Request, job) -> None:
+    """Cancel the job when the client leaves (until the response starts)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    job.cancel()
+
+
+async def answer(request: Request, job, form, stream: bool, include_usage: bool) -> Response:
+    events = job.__aiter__()
+    watcher = asyncio.ensure_future(watch(request, job))
+    try:
+        started = await events.__anext__()
+        assert isinstance(started, Started), started
+        if stream:  # from here on, the streaming response watches the connection itself
+            return StreamingResponse(sse(job, events, form, started.prompt_tokens, include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        tokens = []
+        async for event in events:
+            if isinstance(event, Token):
+                tokens.append(event)
+            elif isinstance(event, Done):
+                return JSONResponse(form.completion(started.prompt_tokens, tokens, event))
+        return cancelled()
+    except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuses
+        raise APIError(400, str(e), code="invalid_value") from None
+    except StopAsyncIteration:  # cancelled before it started
+        return cancelled()
+    except asyncio.CancelledError:  # the server is stopping this request
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+
+
+async def sse(job, events: AsyncIterator, form, prompt_tokens: int, include_usage: bool):
+    """Server-sent events: chunks, then `data: [DONE]`. Starlette cancels this generator when
+    the client disconnects; the job is cancelled with it and the model is free at once."""
+    try:
+        if isinstance(form, ChatFormat):
+            yield data(form.first_chunk())
+        async for event in events:
+            if isinstance(event, Token):
+                chunk = form.token_chunk(event)
+                if chunk is not None:
+                    yield data(chunk)
+            elif isinstance(event, Done):
+                for chunk in form.last_chunks(prompt_tokens, event, include_usage):
+                    yield data(chunk)
+                yield "data: [DONE]\n\n"
+                return
+        # Ended without an answer: the server is shutting down.
+        yield data(APIError(503, "The server is shutting down.", type="server_error").body())
+    except Exception as e:  # after the headers, an error can only be told in the stream
+        yield data(APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error").body())
+    finally:
+        job.cancel()
+
+
+def cancelled() -> Response:
+    error = APIError(503, "The request was cancelled: the client left or the server is shutting down.",
+                     type="server_error")
+    return JSONResponse(error.body(), status_code=503)
+
+
+def data(obj: Dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class BodyLimit:
+    """Refuse request bodies over `max_bytes` (413), by Content-Length or as they arrive."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await too_large(self.max_bytes)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise APIError(413, f"The request body is over {self.max_bytes} bytes.", code="request_too_large")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def too_large(max_bytes: int) -> Response:
+    error = APIError(413, f"The request body is over {max_bytes} bytes.", code="request_too_large")
+    return JSONResponse(error.body(), status_code=413)

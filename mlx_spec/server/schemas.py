@@ -1,0 +1,187 @@
+"""Request models of the OpenAI-compatible API, and the error object every failure returns.
+
+Fields OpenAI defines are checked for their types (a wrong type is a 400 naming the field);
+fields we do not know are ignored, as OpenAI's own clients send many optional ones. What we
+cannot honour with exact decoding (n > 1, penalties, logit bias, forced tool choice, JSON
+modes, echo) is refused by name rather than silently dropped.
+"""
+
+import json
+from typing import Any, Dict, List, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+
+MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
+
+
+class APIError(Exception):
+    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    max_tokens: Optional[StrictInt] = Field(None, ge=1)
+    temperature: Optional[StrictFloat] = Field(None, ge=0)
+    top_p: Optional[StrictFloat] = Field(None, gt=0, le=1)
+    top_k: Optional[StrictInt] = Field(None, ge=0)  # extension, as llama.cpp and vLLM
+    seed: Optional[StrictInt] = Field(None, ge=0, lt=2**64)
+    stop: Optional[Union[str, List[str]]] = None
+    stream: StrictBool = False
+    stream_options: Optional[Dict[str, Any]] = None
+    n: Optional[StrictInt] = 1
+    presence_penalty: Optional[StrictFloat] = 0.0
+    frequency_penalty: Optional[StrictFloat] = 0.0
+    logit_bias: Optional[Dict[str, StrictFloat]] = None
+    mtp: Optional[StrictBool] = None  # extension: False decodes with the target alone, True needs a drafter
+    x_report: StrictBool = False  # extension: our per-token reports as `x_tokens`
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n not in (None, 1):
+            raise ValueError("n must be 1: one answer per request")
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty and frequency_penalty are not supported (decoding stays exact)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported (decoding stays exact)")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(_Request):
+    messages: List[Dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    logprobs: Optional[StrictBool] = False
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: Optional[Dict[str, Any]] = None
+    thinking: Optional[StrictBool] = None  # extension; or chat_template_kwargs.enable_thinking
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, messages):
+        return [_message(m, i) for i, m in enumerate(messages)]
+
+    @model_validator(mode="after")
+    def _chat_supported(self):
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ValueError('tool_choice must be "auto" or "none": calls cannot be forced without constrained decoding')
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError('response_format must be {"type": "text"}: JSON modes are not supported')
+        return self
+
+    @property
+    def limit(self) -> Optional[int]:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def enable_thinking(self) -> Optional[bool]:
+        if self.thinking is not None:
+            return self.thinking
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def active_tools(self) -> Optional[List[Dict[str, Any]]]:
+        return None if self.tool_choice == "none" else self.tools or None
+
+
+class CompletionRequest(_Request):
+    prompt: Union[str, List[StrictInt], List[str]]
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: StrictBool = False
+    suffix: Optional[str] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1:
+                raise ValueError("one prompt per request")
+            prompt = prompt[0]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    @model_validator(mode="after")
+    def _completion_supported(self):
+        if self.echo or self.suffix:
+            raise ValueError("echo and suffix are not supported")
+        return self
+
+    @property
+    def limit(self) -> Optional[int]:
+        return self.max_tokens
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
+    """A chat message as Google's template reads it: text content (parts joined; images refused),
+    `developer` as `system`, and tool-call arguments as mappings (OpenAI sends JSON strings,
+    which the template would write verbatim inside Gemma's braces)."""
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise ValueError(f"messages[{index}] needs a role among {', '.join(ROLES)}")
+    out = dict(message)
+    if out["role"] == "developer":
+        out["role"] = "system"
+    content = out.get("content")
+    if isinstance(content, list):
+        if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+            raise ValueError(f"messages[{index}].content: only text parts are supported")
+        out["content"] = "".join(str(p.get("text", "")) for p in content)
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
+    if out["role"] == "assistant" and out.get("tool_calls"):
+        out["tool_calls"] = [_tool_call(c, index) for c in out["tool_calls"]]
+    if out["role"] == "tool" and isinstance(out.get("content"), str):
+        out["content"] = _json_or_text(out["content"])
+    return out
+
+
+def _tool_call(call: Any, index: int) -> Dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError(f"messages[{index}].tool_calls: each call needs function.name")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"messages[{index}].tool_calls: arguments must be a JSON object")
+    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _json_or_text(content: str) -> Any:
+    """A tool result that is a JSON object is rendered natively (`response:NAME{key:value}`)."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return content
+    return value if isinstance(value, dict) else content
+

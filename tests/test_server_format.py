@@ -1,0 +1,128 @@
+"""The server's pieces without a process: OpenAI objects from the engine's results (tool calls
+from the tokens Gemma 4 writes for one), stop strings across token boundaries, request checks."""
+
+import json
+
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from mlx_spec import load
+from mlx_spec.chat_format import ANSWER, THOUGHT
+from mlx_spec.decoder import Stats
+from mlx_spec.reports import TokenReport
+from mlx_spec.server.generation import Done, StopStrings, Token
+from mlx_spec.server.responses import ChatFormat
+from mlx_spec.server.schemas import ChatRequest
+
+CALL = '<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    return load(str(checkpoints["text"]), drafter=None)
+
+
+def generated(engine, text, end):
+    """Reports for the tokens of `text` and a stop token, as the engine streams them."""
+    ids = engine.tokenizer.encode(text, add_special_tokens=False) + [end]
+    steps = list(engine.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
+    tokens = [Token(s, engine.piece(s.token), s.token in engine.stop_tokens) for s in steps]
+    return steps, tokens
+
+
+def test_a_generated_tool_call_comes_back_as_openai_tool_calls(engine):
+    steps, tokens = generated(engine, "Let me check." + CALL, engine.tokenizer.convert_tokens_to_ids("<|tool_response>"))
+    result = engine.result(steps, Stats(generated_tokens=len(steps)))
+    assert result.finish_reason == "tool_calls"
+    form = ChatFormat("tiny", logprobs=True, top_logprobs=0, report=False)
+    reply = ChatCompletion.model_validate(form.completion(40, tokens, Done(result, result.finish_reason, result.text)))
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_time"
+    assert json.loads(call.function.arguments) == {"city": "Taipei"}
+    # logprobs list the answer's tokens only: not the call's, not the stop token.
+    assert "".join(e.token for e in choice.logprobs.content) == "Let me check."
+    # Streamed: the call's tokens show nothing; one delta carries the whole call, with its index.
+    chunks = [c for c in map(form.token_chunk, tokens) if c is not None]
+    chunks += form.last_chunks(40, Done(result, result.finish_reason, result.text), include_usage=True)
+    chunks = [ChatCompletionChunk.model_validate(c) for c in chunks]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Let me check."
+    (delta,) = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert delta[0].index == 0 and delta[0].id == call.id and delta[0].function.arguments == call.function.arguments
+    assert chunks[-2].choices[0].finish_reason == "tool_calls" and chunks[-1].usage.prompt_tokens == 40
+
+
+def test_thinking_goes_to_reasoning_content(engine):
+    steps, tokens = generated(engine, "<|channel>thought\nHmm.<channel|>Hi!", engine.tokenizer.convert_tokens_to_ids("<turn|>"))
+    result = engine.result(steps, Stats())
+    assert (result.thinking, result.text, result.finish_reason) == ("Hmm.", "Hi!", "stop")
+    form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=False)
+    message = form.completion(10, tokens, Done(result, "stop", result.text))["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "Hi!", "reasoning_content": "Hmm."}
+    deltas = [c["choices"][0]["delta"] for c in map(form.token_chunk, tokens) if c is not None]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Hmm."
+    assert "".join(d.get("content", "") for d in deltas) == "Hi!"
+
+
+def pieces(*items):
+    return [TokenReport(i, False, 0, text=text, channel=channel) for i, (text, channel) in enumerate(items)]
+
+
+def run(stops, reports):
+    holder, out, held = StopStrings(stops), [], []
+    for r in reports:
+        released = holder.feed(r)
+        held.append(len(holder.pending))
+        out += released
+        if holder.hit:
+            break
+    else:
+        out += holder.flush()
+    return "".join(r.text for r in out if r.channel == ANSWER), [r.token for r in out], holder.hit, held
+
+
+def test_stop_strings_across_tokens():
+    reports = pieces(("Hel", ANSWER), ("lo", ANSWER), (" wo", ANSWER), ("rld", ANSWER))
+    assert run(["o w"], reports)[:3] == ("Hell", [0, 1], True)  # cut inside a token; its text is trimmed
+    assert run(["xyz"], reports)[:3] == ("Hello world", [0, 1, 2, 3], False)
+    assert run([], reports)[3] == [0, 0, 0, 0]  # nothing held without stop strings
+    # While the text ends like the start of a stop string, its tokens are held back.
+    assert run(["world!"], reports)[3] == [0, 0, 1, 2]
+    # A thought does not count, and is not lost before the stop.
+    text, ids, hit, _ = run(["lo"], pieces(("lo", THOUGHT), ("Hel", ANSWER), ("x", THOUGHT), ("lo", ANSWER)))
+    assert (text, ids, hit) == ("Hel", [0, 1, 2], True)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "0.5"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, None),
+])
+def test_requests_are_checked(body, param):
+    from pydantic import ValidationError
+
+    from mlx_spec.server.app import invalid
+
+    with pytest.raises(ValidationError) as raised:
+        ChatRequest.model_validate(body)
+    error = invalid(raised.value.errors())
+    assert error.status == 400 and error.param == param and error.message
+
+
+def test_openai_messages_become_gemma_native():
+    req = ChatRequest.model_validate({"messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'},
+    ], "chat_template_kwargs": {"enable_thinking": True}})
+    system, call, result = req.messages
+    assert system == {"role": "system", "content": "Be brief."}
+    assert call["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert result["content"] == {"ok": True}
+    assert req.enable_thinking is True
