@@ -8,6 +8,7 @@ token: the caller runs the tool). Google's template renders the history without 
 turn, matched to its call by `tool_call_id`.
 """
 
+import json
 import re
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -98,7 +99,8 @@ def for_template(messages: List[Message]) -> List[Message]:
     """The messages as Google's template renders them natively: each tool result moves onto the
     call it answers (`tool_responses`, in order), where a mapping is written
     `response:NAME{key:value}`. (The template's OpenAI path, `role: "tool"` messages, takes
-    strings only.) Content given as parts is joined to its text."""
+    strings only.) Content given as parts is joined to its text, and call arguments given as a
+    JSON string (as OpenAI clients send them) are read into the mapping the template writes."""
     out: List[Message] = []
     for message in messages:
         calls = out[-1].get("tool_calls") if out and out[-1].get("role") == "assistant" else None
@@ -107,8 +109,24 @@ def for_template(messages: List[Message]) -> List[Message]:
                 {"name": _tool_name(calls, message), "response": _text_of_parts(message.get("content"))}
             )
             continue
-        out.append(dict(message))
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [_with_mapping_arguments(c) for c in message["tool_calls"]]
+        out.append(message)
     return out
+
+
+def _with_mapping_arguments(call: Message) -> Message:
+    arguments = (call.get("function") or {}).get("arguments")
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return call  # not JSON: the template writes it as it is
+    if not isinstance(parsed, dict):
+        return call
+    return {**call, "function": {**call["function"], "arguments": parsed}}
 
 
 def _tool_name(calls: List[Message], result: Message) -> str:

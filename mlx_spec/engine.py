@@ -147,8 +147,8 @@ class Engine:
         decoder = decoder or self.decoder(**settings)
         tokens = self.encode(prompt, tools, thinking)
         state = cache.take(tokens)[0] if cache is not None else SequenceState(self.target)
+        decoder.start(state, tokens, max_tokens)  # on an error the state, maybe half written, is dropped
         try:
-            decoder.start(state, tokens, max_tokens)
             yield from self.with_text(decoder.generate(state, max_tokens))
         finally:
             if cache is not None:

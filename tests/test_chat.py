@@ -2,6 +2,8 @@
 their results, and chat sessions that keep the caches across turns while every answer stays
 exactly what a fresh generation over the same messages gives."""
 
+import json
+
 import pytest
 
 import tiny
@@ -220,3 +222,12 @@ def test_chat_needs_a_tokenizer(checkpoints):
     engine = load(str(checkpoints["google"]), drafter=None)
     with pytest.raises(SettingsError, match="a chat session needs a tokenizer"):
         engine.chat()
+
+
+def test_call_arguments_sent_as_json_strings_render_as_mappings(engine):
+    """OpenAI clients send a call's arguments as a JSON string; the template writes a mapping."""
+    as_string = calls_message()
+    for call in as_string["tool_calls"]:
+        call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    native = QUESTION_MESSAGES + [calls_message()] + results_messages()
+    assert rendered(engine, QUESTION_MESSAGES + [as_string] + results_messages(), TOOLS) == rendered(engine, native, TOOLS)

@@ -325,3 +325,34 @@ def test_a_client_that_times_out_without_streaming_frees_the_model(server, clien
     assert server.wait_idle(timeout=5) < 5
     reply = client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=10, extra_body={"x_report": True})
     assert ids(reply.choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=10).tokens
+
+
+def test_a_model_that_calls_tools_round_trip(trained, checkpoints):
+    """The tiny target trained to call two tools (tests/chat_script.py), through the server:
+    the calls come back as OpenAI tool_calls with ids and finish_reason "tool_calls"; the
+    results go back as `role: "tool"` messages, and the answer from them equals the engine's,
+    with the conversation's prompt reused."""
+    from chat_script import QUESTION, TOOLS as CLOCK
+
+    server = Server({"text": trained, "assistant": checkpoints["assistant"]})
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        engine = load(str(trained), str(checkpoints["assistant"]))
+        model = client.models.list().data[0].id
+        messages = ask(QUESTION)
+        first = client.chat.completions.create(model=model, messages=messages, tools=CLOCK, max_tokens=200, temperature=0)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        calls = choice.message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_current_time", {"city": "Taipei"}), ("get_current_time", {"city": "New York"})]
+        assert len({c.id for c in calls}) == 2
+        messages += [choice.message.model_dump(exclude_none=True)]
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": t} for c, t in zip(calls, ["21:04", "08:04"])]
+        second = client.chat.completions.create(model=model, messages=messages, tools=CLOCK, max_tokens=200, temperature=0)
+        expected = engine.generate(messages, tools=CLOCK, max_tokens=200)
+        assert second.choices[0].message.content == expected.text
+        assert second.usage.prompt_tokens == len(engine.encode(messages, CLOCK))
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 12
+    finally:
+        server.stop()
