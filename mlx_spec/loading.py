@@ -132,16 +132,34 @@ def _text_config(config: dict) -> dict:
     return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
 
 
+# transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
+# E2B): a config that leaves them out means what transformers makes of it.
+TRANSFORMERS_TEXT_DEFAULTS = {
+    "num_kv_shared_layers": 0,
+    "use_double_wide_mlp": False,
+    "final_logit_softcapping": None,
+    "attention_k_eq_v": False,
+    "enable_moe_block": False,
+}
+
+
 def _normalize_text_config(text: dict) -> dict:
-    """Newer transformers write per-layer head sizes to `per_layer_config` instead of
-    `global_head_dim`; mlx-lm reads `global_head_dim`. Fill it in from the full layers."""
+    """The text config as mlx-lm reads it. Newer transformers write the full layers' head size
+    and K/V head count to `per_layer_config` instead of `global_head_dim` and
+    `num_global_key_value_heads`; fill those in from the full layers. Keys a config leaves out get
+    transformers' defaults, not mlx-lm's."""
     text = dict(text)
+    for key, value in TRANSFORMERS_TEXT_DEFAULTS.items():
+        text.setdefault(key, value)
     per_layer = text.get("per_layer_config") or {}
     layer_types = text.get("layer_types") or []
+    renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
     for index, overrides in per_layer.items():
         i = int(index)
-        if i < len(layer_types) and layer_types[i] == FULL and "head_dim" in overrides:
-            text.setdefault("global_head_dim", overrides["head_dim"])
+        if i < len(layer_types) and layer_types[i] == FULL:
+            for key, global_key in renames.items():
+                if key in overrides and text.get(global_key) is None:
+                    text[global_key] = overrides[key]
     return text
 
 

@@ -30,3 +30,21 @@ def engine(checkpoints):
 
     loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
     return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory):
+    """Tiny checkpoints of each Gemma 4 size (tiny.VARIANTS), each built on first use:
+    family(variant) -> {"target": folder, "assistant": folder}."""
+    root = tmp_path_factory.mktemp("family")
+    built = {}
+
+    def get(variant):
+        if variant not in built:
+            built[variant] = {
+                "target": tiny.build_target(root / variant, variant=variant, tokenizer=False),
+                "assistant": tiny.build_family_assistant(root / f"{variant}-assistant", variant),
+            }
+        return built[variant]
+
+    return get
