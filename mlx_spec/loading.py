@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .assistant import Assistant, AssistantConfig
-from .target import FULL, SLIDING, Target
+from .target import FULL, SLIDING, Target, kv_heads
 
 DEFAULT_TARGET = "mlx-community/gemma-4-e2b-it-4bit"
 DEFAULT_DRAFTER = "mlx-community/gemma-4-E2B-it-assistant-bf16"
@@ -241,7 +241,9 @@ def quantize_drafter(assistant: Assistant, bits: int, group_size: int = 64) -> N
 
 
 def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None:
-    """The drafter must read this target's hidden states, vocabulary and K/V head sizes."""
+    """The drafter must read this target's hidden states, vocabulary and K/V: the same head
+    sizes and K/V head counts per attention type, and no longer a sliding window than the target
+    keeps. Assistants of different Gemma 4 sizes differ in at least one of these."""
     cfg, args = assistant.config, target.args
     problems = []
     if cfg.backbone_hidden_size != args.hidden_size:
@@ -249,13 +251,19 @@ def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None
     if assistant.vocab_size != args.vocab_size:
         problems.append(f"vocabulary {assistant.vocab_size} != target vocabulary {args.vocab_size}")
     target_head = {SLIDING: args.head_dim, FULL: args.global_head_dim or args.head_dim}
+    target_kv, drafter_kv = kv_heads(args), kv_heads(cfg.text)
     for i, (layer, kind) in enumerate(zip(assistant.model.layers, assistant.layer_types)):
         if kind not in target_head:
             problems.append(f"layer {i} has unknown attention type {kind}")
         elif layer.self_attn.head_dim != target_head[kind]:
             problems.append(f"layer {i} ({kind}) head_dim {layer.self_attn.head_dim} != target's {target_head[kind]}")
-    if cfg.text.sliding_window != args.sliding_window:
-        problems.append(f"sliding_window {cfg.text.sliding_window} != target's {args.sliding_window}")
+        elif drafter_kv[kind] != target_kv[kind] or layer.self_attn.n_heads % target_kv[kind]:
+            problems.append(
+                f"layer {i} ({kind}) is made for {drafter_kv[kind]} K/V heads with {layer.self_attn.n_heads} "
+                f"query heads; the target has {target_kv[kind]}"
+            )
+    if cfg.text.sliding_window > args.sliding_window:
+        problems.append(f"sliding_window {cfg.text.sliding_window} > target's {args.sliding_window}")
     if problems:
         raise LoadError(f"drafter {drafter_path} does not match the target: " + "; ".join(problems))
 

@@ -162,3 +162,36 @@ def test_same_seed_same_tokens_with_and_without_mtp_31b(family):
     on = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, lookup=False, **settings)
     assert on.tokens == off.tokens
     assert on.stats.drafted > 0
+
+
+def test_assistant_with_a_shorter_window_than_its_target(checkpoints, tmp_path):
+    """An assistant whose sliding window is shorter than the target's reads the last
+    `its window + 1` positions, as transformers' assistant mask does with the target's whole K/V;
+    decoding with it stays exact."""
+    from transformers import Gemma4AssistantForCausalLM
+
+    window = tiny.WINDOW - 4
+    folder = tiny.build_assistant(tmp_path / "short", ordered=False, sliding_window=window)
+    ids = random_ids(3 * tiny.WINDOW + 3, seed=5)
+    ref_target, ref_hidden, ref_kv = reference_state(checkpoints["text"], ids[:, :-1])
+    ref_drafter = Gemma4AssistantForCausalLM.from_pretrained(folder).eval()
+    embedding = ref_target.get_input_embeddings()(torch.tensor(ids[:, -1:])).detach()
+    position = ids.shape[1] - 1
+    with torch.no_grad():
+        r = ref_drafter(
+            inputs_embeds=torch.cat([embedding, ref_hidden], dim=-1),
+            position_ids=torch.tensor([[position]]),
+            shared_kv_states=ref_kv,  # every position: the mask alone limits the window
+        )
+    target, _ = load_target(str(checkpoints["text"]))
+    cache = target.make_cache()
+    prefill(target, mx.array(ids[:, :-1]), cache)
+    drafter, _ = load_drafter(str(folder))
+    h, _ = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), target.drafter_kv(cache), position)
+    assert np.abs(np.array(drafter.full_logits(h))[0, 0] - r.logits.numpy()[0, 0]).max() <= TOL
+
+    engine = family_engine({"target": checkpoints["text"], "assistant": folder})
+    prompt = ids[0].tolist()
+    off = engine.generate(prompt, max_tokens=GENERATE, mtp=False)
+    on = engine.generate(prompt, max_tokens=GENERATE, lookup=False)
+    assert on.tokens == off.tokens and on.stats.drafted > 0

@@ -142,6 +142,27 @@ def test_drafter_with_another_vocabulary(checkpoints, tmp_path):
         load(str(checkpoints["text"]), drafter=str(folder))
 
 
+@pytest.mark.parametrize(
+    "target, assistant, problem",
+    [
+        ("e4b", "e2b", r"backbone_hidden_size 64 != target hidden_size 96"),
+        # Equal widths (64): the K/V head counts of the sliding layers tell the sizes apart.
+        ("e2b", "26b-a4b", r"layer 0 \(sliding_attention\) is made for 2 K/V heads with 4 query heads; the target has 1"),
+        ("26b-a4b", "e2b", r"layer 0 \(sliding_attention\) is made for 1 K/V heads with 4 query heads; the target has 2"),
+    ],
+)
+def test_drafter_of_another_size(family, target, assistant, problem):
+    """A pair of different Gemma 4 sizes is refused from their configs, even at equal widths."""
+    with pytest.raises(LoadError, match=r"does not match the target: .*" + problem):
+        load(str(family(target)["target"]), drafter=str(family(assistant)["assistant"]))
+
+
+def test_drafter_with_a_longer_window(checkpoints, tmp_path):
+    folder = tiny.build_assistant(tmp_path / "window", sliding_window=tiny.WINDOW + 1)
+    with pytest.raises(LoadError, match=rf"sliding_window {tiny.WINDOW + 1} > target's {tiny.WINDOW}"):
+        load(str(checkpoints["text"]), drafter=str(folder))
+
+
 def test_invalid_drafter_bits(checkpoints):
     with pytest.raises(LoadError, match=r"must be 4 or 8 bits, got 3"):
         load_drafter(str(checkpoints["assistant"]), quantize_bits=3)
