@@ -15,10 +15,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .assistant import Assistant, AssistantConfig
+from .family import FAMILY, by_name, by_target, for_config
 from .target import FULL, SLIDING, Target, kv_heads
 
-DEFAULT_TARGET = "mlx-community/gemma-4-e2b-it-4bit"
-DEFAULT_DRAFTER = "mlx-community/gemma-4-E2B-it-assistant-bf16"
+DEFAULT_TARGET = FAMILY["e2b"].target
+DEFAULT_DRAFTER = FAMILY["e2b"].drafter
+AUTO = "auto"  # the drafter: the assistant of the target's size
 
 TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified")
 DRAFTER_TYPES = ("gemma4_assistant",)
@@ -266,6 +268,26 @@ def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None
         problems.append(f"sliding_window {cfg.text.sliding_window} > target's {args.sliding_window}")
     if problems:
         raise LoadError(f"drafter {drafter_path} does not match the target: " + "; ".join(problems))
+
+
+def resolve_names(model: str, drafter: Optional[str]) -> Tuple[str, Optional[str]]:
+    """Sizes given by name become their hub ids: the target's 4-bit MLX conversion, and for
+    drafter "auto" its assistant when the target is a size known by name or id."""
+    size = None if Path(model).expanduser().exists() else by_target(model)  # a folder wins
+    if size is not None:
+        model = size.target
+    if drafter == AUTO and size is not None:
+        drafter = size.drafter
+    elif drafter is not None and drafter != AUTO and by_name(drafter) is not None:
+        drafter = by_name(drafter).drafter
+    return model, drafter
+
+
+def drafter_for(ckpt: Checkpoint) -> str:
+    """The assistant of the size this target has the structure of (any conversion or fine-tune
+    of it), E2B's when none matches."""
+    size = for_config(_normalize_text_config(_text_config(ckpt.config)))
+    return size.drafter if size is not None else DEFAULT_DRAFTER
 
 
 def load_tokenizer(ckpt: Checkpoint) -> Optional[Any]:

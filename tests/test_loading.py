@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -225,3 +226,38 @@ def test_config_that_is_not_an_object(checkpoints, tmp_path):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(LoadError, match=r"not valid JSON"):
         load_target(str(folder))
+
+
+def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monkeypatch):
+    from mlx_spec.family import FAMILY
+    from mlx_spec.loading import AUTO, resolve_names
+
+    assert resolve_names("e4b", AUTO) == ("mlx-community/gemma-4-e4b-it-4bit", "mlx-community/gemma-4-E4B-it-assistant-bf16")
+    assert resolve_names("31B", AUTO) == (FAMILY["31b"].target, FAMILY["31b"].drafter)
+    # A full id of a known conversion finds its assistant too; a drafter given by name is that size's.
+    assert resolve_names(FAMILY["26b-a4b"].target, AUTO) == (FAMILY["26b-a4b"].target, FAMILY["26b-a4b"].drafter)
+    assert resolve_names("e4b", "e2b") == (FAMILY["e4b"].target, FAMILY["e2b"].drafter)
+    assert resolve_names("e4b", None) == (FAMILY["e4b"].target, None)
+    assert resolve_names("someone/model", "other/drafter") == ("someone/model", "other/drafter")
+    # A folder of that name wins over the name.
+    (tmp_path / "e4b").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_names("e4b", AUTO) == ("e4b", AUTO)
+
+
+@pytest.mark.parametrize("name", ["e2b", "e4b", "26b-a4b", "31b"])
+def test_auto_drafter_of_a_folder_follows_its_config(name):
+    """A target folder (a conversion or fine-tune) gets the assistant of the size it has the
+    structure of, read from its config, whatever the folder is called."""
+    from mlx_spec.family import FAMILY
+    from mlx_spec.loading import Checkpoint, drafter_for
+
+    text = {k: v for k, v in FAMILY[name].text.items() if k != "num_kv_shared_layers" or v}  # 0 may be left out
+    for config in ({"model_type": "gemma4", "text_config": text}, dict(text, model_type="gemma4_text")):
+        assert drafter_for(Checkpoint(Path("x"), config, {})) == FAMILY[name].drafter
+
+
+def test_auto_drafter_of_an_unknown_structure_is_e2b_s(checkpoints):
+    from mlx_spec.loading import DEFAULT_DRAFTER, drafter_for, read_checkpoint
+
+    assert drafter_for(read_checkpoint(checkpoints["text"], "target")) == DEFAULT_DRAFTER
