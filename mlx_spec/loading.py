@@ -273,14 +273,18 @@ def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None
 def resolve_names(model: str, drafter: Optional[str]) -> Tuple[str, Optional[str]]:
     """Sizes given by name become their hub ids: the target's 4-bit MLX conversion, and for
     drafter "auto" its assistant when the target is a size known by name or id."""
-    size = None if Path(model).expanduser().exists() else by_target(model)  # a folder wins
+    size = None if _is_folder(model) else by_target(model)
     if size is not None:
         model = size.target
     if drafter == AUTO and size is not None:
         drafter = size.drafter
-    elif drafter is not None and drafter != AUTO and by_name(drafter) is not None:
+    elif drafter not in (None, AUTO) and not _is_folder(drafter) and by_name(drafter) is not None:
         drafter = by_name(drafter).drafter
     return model, drafter
+
+
+def _is_folder(name: str) -> bool:
+    return Path(name).expanduser().exists()  # a folder of a size's name wins over the name
 
 
 def drafter_for(ckpt: Checkpoint) -> str:
