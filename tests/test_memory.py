@@ -79,3 +79,27 @@ def test_cli_force_and_context_reach_the_check(checkpoints, monkeypatch):
 def test_unknown_sizes_skip_the_check(monkeypatch):
     """Offline and not downloaded: nothing to estimate, and the download reports the problem."""
     assert memory.estimate("nobody/no-such-model-here", None) is None
+
+
+def test_published_configs_have_the_sizes_their_names_say():
+    """The family table's text configs, built lazily with mlx-lm (nothing is allocated), have the
+    parameter counts the names promise: E2B / E4B "effective" (without the per-layer embedding
+    table), 26B-A4B in total and about 4B active per token (8 of 128 experts), 31B."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma4_text
+
+    def counts(name):
+        text = FAMILY[name].text
+        model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(dict(text, model_type="gemma4_text")))
+        params = dict(tree_flatten(model.parameters()))
+        total = sum(v.size for v in params.values())
+        ple = sum(v.size for k, v in params.items() if "embed_tokens_per_layer" in k)
+        experts = sum(v.size for k, v in params.items() if ".experts." in k)
+        active = total - ple - experts + experts * text.get("top_k_experts", 0) // text.get("num_experts", 1)
+        return total / 1e9, (total - ple) / 1e9, active / 1e9
+
+    assert 2.0 < counts("e2b")[1] < 2.5
+    assert 4.0 < counts("e4b")[1] < 5.0
+    total, _, active = counts("26b-a4b")
+    assert 25 < total < 27 and 3.5 < active < 4.5
+    assert 30 < counts("31b")[0] < 32
