@@ -103,3 +103,33 @@ def test_published_configs_have_the_sizes_their_names_say():
     total, _, active = counts("26b-a4b")
     assert 25 < total < 27 and 3.5 < active < 4.5
     assert 30 < counts("31b")[0] < 32
+
+
+def test_before_downloading_the_hub_listing_and_the_published_config_are_used(monkeypatch):
+    """A size not downloaded yet: its weights as the hub lists them (no weights fetched), its K/V
+    cache from the published config; too big for a 16 GB machine, fine on 64 GB."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    listing = {
+        FAMILY["31b"].target: [("model-00001-of-00002.safetensors", 10 * 10**9),
+                               ("model-00002-of-00002.safetensors", 8 * 10**9), ("config.json", 10**4)],
+        FAMILY["31b"].drafter: [("model.safetensors", 9 * 10**8)],
+    }
+    asked = []
+
+    def model_info(self, repo_id, files_metadata=False):
+        asked.append(repo_id)
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename=f, size=n) for f, n in listing[repo_id]])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    needed = memory.estimate(FAMILY["31b"].target, FAMILY["31b"].drafter, context=8192)
+    assert needed.weights == 18 * 10**9 + 9 * 10**8
+    assert needed.kv_cache == memory.kv_cache_bytes(FAMILY["31b"].text, 8192)
+    assert sorted(asked) == sorted(listing)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 10**9)
+    with pytest.raises(LoadError, match=r"target mlx-community/gemma-4-31b-it-4bit: .* needs about 20\.8 GB"):
+        load("31b")
+    monkeypatch.setattr(memory, "available_bytes", lambda: 64 * 10**9)
+    assert memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter) is not None
