@@ -195,3 +195,15 @@ def test_assistant_with_a_shorter_window_than_its_target(checkpoints, tmp_path):
     off = engine.generate(prompt, max_tokens=GENERATE, mtp=False)
     on = engine.generate(prompt, max_tokens=GENERATE, lookup=False)
     assert on.tokens == off.tokens and on.stats.drafted > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_google_layout_loads_to_the_same_model(family, variant, tmp_path):
+    """Google ships each size as Gemma4ForConditionalGeneration (text weights under
+    model.language_model, vision and audio towers beside); experts and keys-equal-values layers
+    load from it to the same model."""
+    google = tiny.build_target(tmp_path / "google", layout="google", variant=variant, tokenizer=False)
+    ids = mx.array(random_ids(2 * tiny.WINDOW, seed=9))
+    a, _ = load_target(str(family(variant)["target"]))
+    b, _ = load_target(str(google))
+    assert np.array_equal(np.array(a(ids, a.make_cache())[0]), np.array(b(ids, b.make_cache())[0]))
