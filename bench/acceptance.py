@@ -2,6 +2,7 @@
 greedy; tok/s without MTP, with MTP (6 guesses, as the seed), guesses kept, speed-up, mlx-spec's
 default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same prompt as the anchor.
 
+    python bench/acceptance.py --model e4b   # any size by name (e2b, e4b, 26b-a4b, 31b) with its assistant
     python bench/acceptance.py --model mlx-community/gemma-4-e2b-it-4bit \
         --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
     python bench/acceptance.py --random-weights --shape small   # runs anywhere; acceptance ~0

@@ -1,9 +1,10 @@
 """Shared pieces of the benchmarks: the machine, the models, timing, and the output.
 
 Models come from real checkpoints (`--model`, `--drafter`), or are built with random weights:
-`--random-weights` gives the real E2B target and drafter shapes, quantized like the default
-model, built layer by layer so memory stays near the final size; `--shape small` gives a
-scaled-down Gemma 4 of the same structure for machines where MLX runs on the CPU.
+`--random-weights` gives the real E2B target and drafter shapes (`--shape e4b|26b-a4b|31b`: those
+sizes' shapes from their published configs), quantized like the 4-bit conversions, built layer by
+layer so memory stays near the final size; `--shape small` gives a scaled-down Gemma 4 of the
+same structure for machines where MLX runs on the CPU.
 """
 
 import argparse
@@ -25,6 +26,8 @@ from mlx_lm.models import gemma4_text  # noqa: E402
 
 from mlx_spec.assistant import Assistant, AssistantConfig  # noqa: E402
 from mlx_spec.engine import Engine, load  # noqa: E402
+from mlx_spec.family import FAMILY  # noqa: E402
+from mlx_spec.loading import AUTO  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
 
 ROPE = {
@@ -53,16 +56,29 @@ SMALL_ASSISTANT = dict(
     E2B_ASSISTANT, hidden_size=128, intermediate_size=512, head_dim=128, global_head_dim=256,
     vocab_size=32768, sliding_window=128,
 )
+
+
+def family_shape(name: str):
+    """(target shape, drafter shape, centroid head?) of a Gemma 4 size from its published configs
+    (mlx_spec/family.py)."""
+    size = FAMILY[name]
+    drafter = dict(size.assistant)
+    ordered = drafter.pop("use_ordered_embeddings")
+    drafter.pop("backbone_hidden_size")
+    return dict(size.text, rope_parameters=ROPE), dict(E2B_ASSISTANT, **drafter), ordered
+
+
+SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "small"]
 # Memory bandwidth of Apple chips in GB/s (DESIGN.md section 6).
 APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
 
 
 def arguments(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", help="target checkpoint (hub id or folder)")
-    parser.add_argument("--drafter", help="drafter checkpoint (hub id or folder)")
-    parser.add_argument("--random-weights", action="store_true", help="real E2B shapes, random weights, 4-bit")
-    parser.add_argument("--shape", choices=["e2b", "small"], default="e2b", help="shape for --random-weights")
+    parser.add_argument("--model", help="target: e2b|e4b|26b-a4b|31b (4-bit MLX), hub id or folder")
+    parser.add_argument("--drafter", default=AUTO, help="drafter: auto (the target's assistant), size name, hub id or folder")
+    parser.add_argument("--random-weights", action="store_true", help="a real shape, random weights, 4-bit")
+    parser.add_argument("--shape", choices=SHAPES, default="e2b", help="shape for --random-weights")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
     parser.add_argument("--out", default=None, help="JSON output file [bench/results/<script>.json]")
     return parser
@@ -113,10 +129,16 @@ def build_engine(args) -> Engine:
         return load(args.model, args.drafter)
     if not args.random_weights:
         raise SystemExit("give --model (and --drafter), or --random-weights [--shape small]")
-    target_shape, drafter_shape = (E2B, E2B_ASSISTANT) if args.shape == "e2b" else (SMALL, SMALL_ASSISTANT)
-    bits = 4 if args.shape == "e2b" else None  # MLX's CPU matmul is fastest unquantized
+    ordered = True
+    if args.shape == "e2b":
+        target_shape, drafter_shape = E2B, E2B_ASSISTANT
+    elif args.shape == "small":
+        target_shape, drafter_shape = SMALL, SMALL_ASSISTANT
+    else:
+        target_shape, drafter_shape, ordered = family_shape(args.shape)
+    bits = None if args.shape == "small" else 4  # MLX's CPU matmul is fastest unquantized
     target = random_target(target_shape, bits)
-    drafter = random_drafter(drafter_shape, target_shape["hidden_size"])
+    drafter = random_drafter(drafter_shape, target_shape["hidden_size"], ordered=ordered)
     return Engine(target, drafter, tokenizer=None, stop_tokens=[])
 
 
@@ -127,26 +149,30 @@ def random_target(shape: dict, bits=None, group_size: int = 64) -> Target:
     model = gemma4_text.Model(args)  # lazy: nothing is allocated yet
     text = model.model
     text.embed_tokens = random_embedding(args.vocab_size, args.hidden_size, bits, group_size)
-    text.embed_tokens_per_layer = random_embedding(
-        args.vocab_size_per_layer_input, args.num_hidden_layers * args.hidden_size_per_layer_input, bits, group_size
-    )
+    pieces = ["norm"]
+    if args.hidden_size_per_layer_input:  # per-layer embeddings (E2B, E4B)
+        text.embed_tokens_per_layer = random_embedding(
+            args.vocab_size_per_layer_input, args.num_hidden_layers * args.hidden_size_per_layer_input, bits, group_size
+        )
+        pieces += ["per_layer_model_projection", "per_layer_projection_norm"]
     for layer in text.layers:
         settle(layer, bits, group_size)
-    for name in ("per_layer_model_projection", "per_layer_projection_norm", "norm"):
+    for name in pieces:
         settle(getattr(text, name), bits, group_size)
     model.eval()
     return Target(model)
 
 
-def random_drafter(shape: dict, backbone: int, bits=None) -> Assistant:
+def random_drafter(shape: dict, backbone: int, bits=None, ordered: bool = True) -> Assistant:
     config = {
         "text_config": dict(shape, model_type="gemma4_text"), "backbone_hidden_size": backbone,
-        "use_ordered_embeddings": True, "num_centroids": shape["vocab_size"] // 128,
+        "use_ordered_embeddings": ordered, "num_centroids": shape["vocab_size"] // 128,
         "centroid_intermediate_top_k": 32,
     }
     assistant = Assistant(AssistantConfig.from_dict(config))
     vocab = shape["vocab_size"]
-    assistant.masked_embedding.token_ordering = mx.random.permutation(vocab).astype(mx.int32)
+    if ordered:
+        assistant.masked_embedding.token_ordering = mx.random.permutation(vocab).astype(mx.int32)
     assistant.model.embed_tokens = random_embedding(vocab, shape["hidden_size"], bits, 64)
     settle(assistant, bits, 64)
     assistant.eval()
@@ -157,8 +183,10 @@ def settle(module: nn.Module, bits, group_size: int) -> None:
     """Cast to bfloat16, quantize if asked, and materialise this piece now."""
     module.set_dtype(mx.bfloat16)
     if bits:
+        # Linear layers and the experts' stacked ones (SwitchLinear), as mlx-lm's conversions do.
         nn.quantize(module, group_size=group_size, bits=bits,
-                    class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % group_size == 0)
+                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and not isinstance(m, nn.Embedding)
+                    and m.weight.shape[-1] % group_size == 0)
     mx.eval(module.parameters())
 
 
@@ -182,6 +210,8 @@ def random_embedding(rows: int, dims: int, bits, group_size: int, chunk: int = 8
 
 def describe_models(args) -> dict:
     if args.model:
+        if args.drafter == AUTO:
+            return {"target": args.model, "drafter": "auto (the target's assistant)"}
         return {"target": args.model, "drafter": args.drafter}
     return {"target": f"random weights, {args.shape} shape", "drafter": f"random weights, {args.shape} shape"}
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import DecoderLayer, ModelArgs
 
+from .target import SLIDING
 
 
 @dataclass
@@ -125,11 +126,21 @@ class Assistant(nn.Module):
         """
         x = self.pre_projection(mx.concatenate([token_embedding, hidden], axis=-1))
         offset = mx.array(position) if isinstance(position, int) else position
+        shared_kv = self._visible(shared_kv)
         for layer, layer_type in zip(self.model.layers, self.layer_types):
             # A single query sees all the given K/V: no mask.
             x, _, _ = layer(x, None, None, shared_kv=shared_kv[layer_type], offset=offset)
         h = self.model.norm(x)
         return h, self.post_projection(h)
+
+    def _visible(self, shared_kv: Dict[str, Tuple[mx.array, mx.array]]) -> Dict[str, Tuple[mx.array, mx.array]]:
+        """The drafter's sliding layers see the last `sliding_window + 1` positions, its own
+        window (transformers' bidirectional window mask), which may be shorter than the target's."""
+        span = self.config.text.sliding_window + 1
+        keys, values = shared_kv[SLIDING]
+        if keys.shape[-2] <= span:
+            return shared_kv
+        return {**shared_kv, SLIDING: (keys[..., -span:, :], values[..., -span:, :])}
 
     @property
     def head(self) -> nn.Module:

@@ -10,17 +10,36 @@ from typing import List, Optional
 import click
 
 from .decoder import MAX_DRAFT_TOKENS
-from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, QUANT_MODES, LoadError
+from .family import NAMES
+from .loading import AUTO, DEFAULT_TARGET, QUANT_MODES, LoadError
+from .memory import DEFAULT_CONTEXT
 from .sampling import SamplingSettings, SettingsError
 
 HELP = """Commands: /reset (forget the conversation), /stats (session figures),
 /mtp on|off (drafting), /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
 
 
+def _remember(ctx, param, value):
+    ctx.meta[f"mlx_spec.{param.name}"] = value
+    return value
+
+
+# Read by load_engine (through the click context) rather than passed to every command.
+load_options = [
+    click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, expose_value=False,
+                 callback=_remember, help="Tokens of context the memory check counts K/V cache for."),
+    click.option("--force", is_flag=True, expose_value=False, callback=_remember,
+                 help="Load even where the memory check says the model does not fit."),
+]
+
+
 def model_options(f):
     options = [
-        click.option("--model", default=DEFAULT_TARGET, show_default=True, help="Target: hub id or folder."),
-        click.option("--drafter", default=DEFAULT_DRAFTER, show_default=True, help="MTP drafter: hub id or folder."),
+        click.option("--model", default=DEFAULT_TARGET, show_default=True,
+                     help=f"Target: {'|'.join(NAMES)} (4-bit MLX), hub id or folder."),
+        click.option("--drafter", default=AUTO, show_default=True,
+                     help="MTP drafter: auto (the target's own assistant), a size name, hub id or folder."),
+        *load_options,
         click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter to 4 or 8 bits."),
         click.option("--drafter-mode", type=click.Choice(QUANT_MODES), default=None,
                      help="Quantization mode for the drafter [default: affine; mxfp4, mxfp8 and nvfp4 set their own bits]."),
@@ -52,7 +71,9 @@ def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp):
     from .engine import load
 
     bits = int(drafter_bits) if drafter_bits else None
-    return load(model, None if no_mtp else drafter, bits, drafter_mode)
+    meta = click.get_current_context().meta
+    return load(model, None if no_mtp else drafter, bits, drafter_mode, context=meta.get("mlx_spec.context", DEFAULT_CONTEXT),
+                force=meta.get("mlx_spec.force", False))
 
 
 def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup) -> dict:

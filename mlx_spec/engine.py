@@ -16,13 +16,17 @@ from .decoder import Decoder, SequenceState, Stats
 from .drafters import Drafter, LookupThenMTP, MTPDrafter, PromptLookup
 from .prompt_cache import PromptCache
 from .loading import (
-    DEFAULT_DRAFTER,
+    AUTO,
     DEFAULT_TARGET,
     check_pair,
+    drafter_for,
+    resolve_names,
     load_drafter,
     load_target,
     load_tokenizer,
 )
+from .memory import DEFAULT_CONTEXT
+from .memory import check as check_memory
 from .reports import TokenReport
 from .sampling import SamplingSettings, SettingsError
 from .target import Target
@@ -225,17 +229,26 @@ class Engine:
 
 def load(
     model: str = DEFAULT_TARGET,
-    drafter: Optional[str] = DEFAULT_DRAFTER,
+    drafter: Optional[str] = AUTO,
     drafter_bits: Optional[int] = None,
     drafter_mode: Optional[str] = None,
+    context: int = DEFAULT_CONTEXT,
+    force: bool = False,
 ) -> Engine:
     """Load the Gemma 4 target and (unless `drafter` is None) its MTP assistant.
 
-    `model` and `drafter` are hub repo ids or local folders. `drafter_bits` (4 or 8) and
-    `drafter_mode` (affine, mxfp4, mxfp8, nvfp4) quantize the drafter after loading. Raises
+    `model`: a size by name (e2b, e4b, 26b-a4b, 31b: the 4-bit MLX conversion), a hub repo id or
+    a local folder. `drafter`: "auto" (the assistant of the target's size), a size by name, a hub
+    id or a folder. `drafter_bits` (4 or 8) and `drafter_mode` (affine, mxfp4, mxfp8, nvfp4)
+    quantize the drafter after loading. Before anything is downloaded, the memory the pair needs
+    with `context` tokens is compared with this machine's; `force=True` loads it anyway. Raises
     `LoadError` with a message naming the problem.
     """
+    model, drafter = resolve_names(model, drafter)
+    check_memory(model, None if drafter == AUTO else drafter, context, force)
     target, target_ckpt = load_target(model)
+    if drafter == AUTO:
+        drafter = drafter_for(target_ckpt)
     assistant, drafter_path = None, None
     if drafter is not None:
         assistant, drafter_ckpt = load_drafter(drafter, drafter_bits, drafter_mode)

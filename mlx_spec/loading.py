@@ -15,10 +15,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .assistant import Assistant, AssistantConfig
-from .target import FULL, SLIDING, Target
+from .family import FAMILY, by_name, by_target, for_config
+from .target import FULL, SLIDING, Target, kv_heads
 
-DEFAULT_TARGET = "mlx-community/gemma-4-e2b-it-4bit"
-DEFAULT_DRAFTER = "mlx-community/gemma-4-E2B-it-assistant-bf16"
+DEFAULT_TARGET = FAMILY["e2b"].target
+DEFAULT_DRAFTER = FAMILY["e2b"].drafter
+AUTO = "auto"  # the drafter: the assistant of the target's size
 
 TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified")
 DRAFTER_TYPES = ("gemma4_assistant",)
@@ -133,16 +135,34 @@ def _text_config(config: dict) -> dict:
     return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
 
 
+# transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
+# E2B): a config that leaves them out means what transformers makes of it.
+TRANSFORMERS_TEXT_DEFAULTS = {
+    "num_kv_shared_layers": 0,
+    "use_double_wide_mlp": False,
+    "final_logit_softcapping": None,
+    "attention_k_eq_v": False,
+    "enable_moe_block": False,
+}
+
+
 def _normalize_text_config(text: dict) -> dict:
-    """Newer transformers write per-layer head sizes to `per_layer_config` instead of
-    `global_head_dim`; mlx-lm reads `global_head_dim`. Fill it in from the full layers."""
+    """The text config as mlx-lm reads it. Newer transformers write the full layers' head size
+    and K/V head count to `per_layer_config` instead of `global_head_dim` and
+    `num_global_key_value_heads`; fill those in from the full layers. Keys a config leaves out get
+    transformers' defaults, not mlx-lm's."""
     text = dict(text)
+    for key, value in TRANSFORMERS_TEXT_DEFAULTS.items():
+        text.setdefault(key, value)
     per_layer = text.get("per_layer_config") or {}
     layer_types = text.get("layer_types") or []
+    renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
     for index, overrides in per_layer.items():
         i = int(index)
-        if i < len(layer_types) and layer_types[i] == FULL and "head_dim" in overrides:
-            text.setdefault("global_head_dim", overrides["head_dim"])
+        if i < len(layer_types) and layer_types[i] == FULL:
+            for key, global_key in renames.items():
+                if key in overrides and text.get(global_key) is None:
+                    text[global_key] = overrides[key]
     return text
 
 
@@ -225,7 +245,9 @@ def quantize_drafter(assistant: Assistant, bits: Optional[int], mode: str = "aff
 
 
 def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None:
-    """The drafter must read this target's hidden states, vocabulary and K/V head sizes."""
+    """The drafter must read this target's hidden states, vocabulary and K/V: the same head
+    sizes and K/V head counts per attention type, and no longer a sliding window than the target
+    keeps. Assistants of different Gemma 4 sizes differ in at least one of these."""
     cfg, args = assistant.config, target.args
     problems = []
     if cfg.backbone_hidden_size != args.hidden_size:
@@ -233,15 +255,45 @@ def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None
     if assistant.vocab_size != args.vocab_size:
         problems.append(f"vocabulary {assistant.vocab_size} != target vocabulary {args.vocab_size}")
     target_head = {SLIDING: args.head_dim, FULL: args.global_head_dim or args.head_dim}
+    target_kv, drafter_kv = kv_heads(args), kv_heads(cfg.text)
     for i, (layer, kind) in enumerate(zip(assistant.model.layers, assistant.layer_types)):
         if kind not in target_head:
             problems.append(f"layer {i} has unknown attention type {kind}")
         elif layer.self_attn.head_dim != target_head[kind]:
             problems.append(f"layer {i} ({kind}) head_dim {layer.self_attn.head_dim} != target's {target_head[kind]}")
-    if cfg.text.sliding_window != args.sliding_window:
-        problems.append(f"sliding_window {cfg.text.sliding_window} != target's {args.sliding_window}")
+        elif drafter_kv[kind] != target_kv[kind] or layer.self_attn.n_heads % target_kv[kind]:
+            problems.append(
+                f"layer {i} ({kind}) is made for {drafter_kv[kind]} K/V heads with {layer.self_attn.n_heads} "
+                f"query heads; the target has {target_kv[kind]}"
+            )
+    if cfg.text.sliding_window > args.sliding_window:
+        problems.append(f"sliding_window {cfg.text.sliding_window} > target's {args.sliding_window}")
     if problems:
         raise LoadError(f"drafter {drafter_path} does not match the target: " + "; ".join(problems))
+
+
+def resolve_names(model: str, drafter: Optional[str]) -> Tuple[str, Optional[str]]:
+    """Sizes given by name become their hub ids: the target's 4-bit MLX conversion, and for
+    drafter "auto" its assistant when the target is a size known by name or id."""
+    size = None if _is_folder(model) else by_target(model)
+    if size is not None:
+        model = size.target
+    if drafter == AUTO and size is not None:
+        drafter = size.drafter
+    elif drafter not in (None, AUTO) and not _is_folder(drafter) and by_name(drafter) is not None:
+        drafter = by_name(drafter).drafter
+    return model, drafter
+
+
+def _is_folder(name: str) -> bool:
+    return Path(name).expanduser().exists()  # a folder of a size's name wins over the name
+
+
+def drafter_for(ckpt: Checkpoint) -> str:
+    """The assistant of the size this target has the structure of (any conversion or fine-tune
+    of it), E2B's when none matches."""
+    size = for_config(_normalize_text_config(_text_config(ckpt.config)))
+    return size.drafter if size is not None else DEFAULT_DRAFTER
 
 
 def load_tokenizer(ckpt: Checkpoint) -> Optional[Any]:

@@ -31,6 +31,15 @@ def kv_source_layers(layer_types: List[str], num_kv_shared_layers: int) -> Dict[
     return sources
 
 
+def kv_heads(args) -> Dict[str, int]:
+    """K/V heads per attention type. Full layers whose keys equal their values may have a count
+    of their own (`num_global_key_value_heads`), as transformers and mlx-lm read the config."""
+    full = args.num_key_value_heads
+    if args.attention_k_eq_v and args.num_global_key_value_heads is not None:
+        full = args.num_global_key_value_heads
+    return {SLIDING: args.num_key_value_heads, FULL: full}
+
+
 class Target:
     """Gemma 4 text model (from mlx-lm) with logits, hidden states and shared K/V."""
 

@@ -45,3 +45,21 @@ def trained(checkpoints, tmp_path_factory):
     examples = [(chat_script.render(tokenizer, *prompt), chat_script.encode(tokenizer, answer))
                 for prompt, answer in chat_script.EXAMPLES]
     return tiny.build_trained_target(tmp_path_factory.mktemp("trained") / "target", examples)
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory):
+    """Tiny checkpoints of each Gemma 4 size (tiny.VARIANTS), each built on first use:
+    family(variant) -> {"target": folder, "assistant": folder}."""
+    root = tmp_path_factory.mktemp("family")
+    built = {}
+
+    def get(variant):
+        if variant not in built:
+            built[variant] = {
+                "target": tiny.build_target(root / variant, variant=variant, tokenizer=False),
+                "assistant": tiny.build_family_assistant(root / f"{variant}-assistant", variant),
+            }
+        return built[variant]
+
+    return get

@@ -137,3 +137,45 @@ def test_overhead(tiny_models, tmp_path):
     assert data["nodes"]["target pass"] > data["nodes"]["draft step"] > 0
     assert [row["case"] for row in data["predicted"]][:2] == ["acceptance 0, g = 0", "acceptance 1, g = 6"]
     assert "pipelined tok/s" in stdout
+
+
+@pytest.mark.parametrize("name", ["e4b", "26b-a4b", "31b"])
+def test_random_weights_of_each_size_at_small_width(name):
+    """--shape e4b|26b-a4b|31b: each size's published structure (layer pattern and count, K/V
+    sharing, experts, keys equal to values, the assistant's head) with random 4-bit weights. The
+    real widths take minutes and gigabytes; here the same builder runs at small widths and the
+    pair runs (4-bit matmuls are slow on MLX's CPU backend: a few tokens only; test_family checks
+    these structures' exactness against transformers)."""
+    sys.path.insert(0, str(BENCH))
+    import mlx.core as mx
+    import mlx.nn as nn
+    from common import family_shape, random_drafter, random_target
+
+    from mlx_spec.engine import Engine
+    from mlx_spec.family import FAMILY
+    from mlx_spec.target import kv_source_layers
+
+    target_shape, drafter_shape, ordered = family_shape(name)
+    small = dict(hidden_size=128, vocab_size=4096, vocab_size_per_layer_input=4096, intermediate_size=256,
+                 head_dim=64, global_head_dim=128, sliding_window=16)
+    if target_shape.get("hidden_size_per_layer_input"):
+        small["hidden_size_per_layer_input"] = 64
+    if target_shape.get("enable_moe_block"):
+        small.update(num_experts=8, top_k_experts=2, moe_intermediate_size=64)
+    target = random_target(dict(target_shape, **small), bits=4)
+    drafter_small = {k: small[k] for k in ("vocab_size", "head_dim", "global_head_dim", "sliding_window")}
+    drafter = random_drafter(dict(drafter_shape, hidden_size=64, intermediate_size=128, **drafter_small),
+                             backbone=128, bits=4, ordered=ordered)
+    args = target.args
+    assert args.num_hidden_layers == FAMILY[name].text["num_hidden_layers"]
+    assert target.kv_layers == kv_source_layers(FAMILY[name].text["layer_types"], FAMILY[name].text["num_kv_shared_layers"])
+    assert args.enable_moe_block == (name == "26b-a4b") and args.attention_k_eq_v == (name != "e4b")
+    assert isinstance(target.text_model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
+    if args.enable_moe_block:
+        assert type(target.text_model.layers[0].experts.switch_glu.gate_proj).__name__ == "QuantizedSwitchLinear"
+    assert drafter.config.use_ordered_embeddings == ordered
+    engine = Engine(target, drafter, tokenizer=None, stop_tokens=[])
+    prompt = list(range(1, 21))  # past the window of 16
+    result = engine.generate(prompt, max_tokens=4, draft_tokens=3, lookup=False, report=False)
+    assert len(result.tokens) == 4 and result.stats.drafted > 0
+    mx.clear_cache()

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -144,6 +145,27 @@ def test_drafter_with_another_vocabulary(checkpoints, tmp_path):
         load(str(checkpoints["text"]), drafter=str(folder))
 
 
+@pytest.mark.parametrize(
+    "target, assistant, problem",
+    [
+        ("e4b", "e2b", r"backbone_hidden_size 64 != target hidden_size 96"),
+        # Equal widths (64): the K/V head counts of the sliding layers tell the sizes apart.
+        ("e2b", "26b-a4b", r"layer 0 \(sliding_attention\) is made for 2 K/V heads with 4 query heads; the target has 1"),
+        ("26b-a4b", "e2b", r"layer 0 \(sliding_attention\) is made for 1 K/V heads with 4 query heads; the target has 2"),
+    ],
+)
+def test_drafter_of_another_size(family, target, assistant, problem):
+    """A pair of different Gemma 4 sizes is refused from their configs, even at equal widths."""
+    with pytest.raises(LoadError, match=r"does not match the target: .*" + problem):
+        load(str(family(target)["target"]), drafter=str(family(assistant)["assistant"]))
+
+
+def test_drafter_with_a_longer_window(checkpoints, tmp_path):
+    folder = tiny.build_assistant(tmp_path / "window", sliding_window=tiny.WINDOW + 1)
+    with pytest.raises(LoadError, match=rf"sliding_window {tiny.WINDOW + 1} > target's {tiny.WINDOW}"):
+        load(str(checkpoints["text"]), drafter=str(folder))
+
+
 def test_invalid_drafter_bits(checkpoints):
     with pytest.raises(LoadError, match=r"must be 4 or 8 bits, got 3"):
         load_drafter(str(checkpoints["assistant"]), quantize_bits=3)
@@ -206,3 +228,38 @@ def test_config_that_is_not_an_object(checkpoints, tmp_path):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(LoadError, match=r"not valid JSON"):
         load_target(str(folder))
+
+
+def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monkeypatch):
+    from mlx_spec.family import FAMILY
+    from mlx_spec.loading import AUTO, resolve_names
+
+    assert resolve_names("e4b", AUTO) == ("mlx-community/gemma-4-e4b-it-4bit", "mlx-community/gemma-4-E4B-it-assistant-bf16")
+    assert resolve_names("31B", AUTO) == (FAMILY["31b"].target, FAMILY["31b"].drafter)
+    # A full id of a known conversion finds its assistant too; a drafter given by name is that size's.
+    assert resolve_names(FAMILY["26b-a4b"].target, AUTO) == (FAMILY["26b-a4b"].target, FAMILY["26b-a4b"].drafter)
+    assert resolve_names("e4b", "e2b") == (FAMILY["e4b"].target, FAMILY["e2b"].drafter)
+    assert resolve_names("e4b", None) == (FAMILY["e4b"].target, None)
+    assert resolve_names("someone/model", "other/drafter") == ("someone/model", "other/drafter")
+    # A folder of that name wins over the name.
+    (tmp_path / "e4b").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_names("e4b", AUTO) == ("e4b", AUTO)
+
+
+@pytest.mark.parametrize("name", ["e2b", "e4b", "26b-a4b", "31b"])
+def test_auto_drafter_of_a_folder_follows_its_config(name):
+    """A target folder (a conversion or fine-tune) gets the assistant of the size it has the
+    structure of, read from its config, whatever the folder is called."""
+    from mlx_spec.family import FAMILY
+    from mlx_spec.loading import Checkpoint, drafter_for
+
+    text = {k: v for k, v in FAMILY[name].text.items() if k != "num_kv_shared_layers" or v}  # 0 may be left out
+    for config in ({"model_type": "gemma4", "text_config": text}, dict(text, model_type="gemma4_text")):
+        assert drafter_for(Checkpoint(Path("x"), config, {})) == FAMILY[name].drafter
+
+
+def test_auto_drafter_of_an_unknown_structure_is_e2b_s(checkpoints):
+    from mlx_spec.loading import DEFAULT_DRAFTER, drafter_for, read_checkpoint
+
+    assert drafter_for(read_checkpoint(checkpoints["text"], "target")) == DEFAULT_DRAFTER

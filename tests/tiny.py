@@ -69,6 +69,7 @@ def _text_config(**overrides):
         eos_token_id=[EOS_ID, END_OF_TURN_ID], bos_token_id=2,
     )
     config.update(overrides)
+    config["num_hidden_layers"] = len(config["layer_types"])
     return Gemma4TextConfig(**config)
 
 
@@ -84,14 +85,51 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.75 + 0.5 * torch.rand(b.shape, generator=g))
 
 
-def build_target(folder: Path, layout: str = "text", seed: int = 0, tokenizer: bool = True) -> Path:
+# The structure of each published Gemma 4 size at toy widths (the published configs are quoted
+# in the README). "e2b" is `_text_config`'s defaults. E4B: no double-wide MLP, 2 K/V heads, a 5:1
+# layer pattern, K/V sharing. 26B-A4B: a mixture-of-experts block beside the MLP, keys equal to
+# values on full layers with their own K/V head count, no sharing, no per-layer embeddings. 31B:
+# the same attention, dense, no sharing.
+_PATTERN_5_1 = [SLIDING] * 5 + [FULL]
+_NO_PLE = dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)
+_K_EQ_V = dict(attention_k_eq_v=True, num_key_value_heads=2, num_global_key_value_heads=1)
+VARIANTS = {
+    "e2b": {},
+    "e4b": dict(
+        hidden_size=96, layer_types=_PATTERN_5_1 * 2, num_kv_shared_layers=4, num_key_value_heads=2,
+        use_double_wide_mlp=False,
+    ),
+    "26b-a4b": dict(
+        layer_types=[SLIDING] * 2 + [FULL] + [SLIDING] * 2 + [FULL], num_kv_shared_layers=0,
+        use_double_wide_mlp=False, enable_moe_block=True, num_experts=4, top_k_experts=2,
+        moe_intermediate_size=32, **_NO_PLE, **_K_EQ_V,
+    ),
+    "31b": dict(
+        hidden_size=128, layer_types=_PATTERN_5_1 + [SLIDING] * 2 + [FULL], num_kv_shared_layers=0,
+        use_double_wide_mlp=False, **_NO_PLE, **_K_EQ_V,
+    ),
+}
+# The assistant of each variant: its target's width and K/V heads; the centroid head or the plain
+# one, as the published assistants have (E2B and E4B: centroids; 31B: plain).
+ASSISTANTS = {
+    "e2b": dict(ordered=True),
+    "e4b": dict(ordered=True, backbone=96, num_key_value_heads=2),
+    "26b-a4b": dict(ordered=True, **_K_EQ_V),
+    "31b": dict(ordered=False, backbone=128, num_attention_heads=8, **_K_EQ_V),
+}
+
+
+def build_target(
+    folder: Path, layout: str = "text", seed: int = 0, tokenizer: bool = True, variant: str = "e2b"
+) -> Path:
     """A tiny target. layout "text": Gemma4ForCausalLM (model_type gemma4_text);
     "google": Gemma4ForConditionalGeneration with vision and audio towers, as google ships it.
-    Both layouts carry the same language-model weights for the same seed."""
+    Both layouts carry the same language-model weights for the same seed. `variant` picks the
+    structure of one Gemma 4 size (see VARIANTS)."""
     from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 
     torch.manual_seed(seed)
-    text = _text_config()
+    text = _text_config(**VARIANTS[variant])
     model = Gemma4ForCausalLM(text)
     _randomise(model, seed)
     if layout == "google":
@@ -143,6 +181,11 @@ def build_assistant(
     model.generation_config.num_assistant_tokens = 6
     model.eval().save_pretrained(folder)
     return Path(folder)
+
+
+def build_family_assistant(folder: Path, variant: str, seed: int = 1) -> Path:
+    """The tiny assistant for the tiny target of `variant`."""
+    return build_assistant(folder, seed=seed, **ASSISTANTS[variant])
 
 
 def save_tokenizer(folder: Path) -> None:

@@ -1,0 +1,209 @@
+"""Every Gemma 4 size computes what transformers computes, and decodes exactly.
+
+Tiny checkpoints with the structure of E4B (K/V sharing, 5:1 layers, 2 K/V heads), 26B-A4B
+(mixture of experts, keys equal to values on full layers, no K/V sharing, no per-layer
+embeddings) and 31B (the same attention, dense), each with its assistant. Which target layers the
+assistant reads is checked against transformers' own choice for the config (the layers it marks
+"store"), never against the size's name."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+
+import tiny
+from mlx_spec import load
+from mlx_spec.engine import Engine
+from mlx_spec.loading import load_drafter, load_target
+from mlx_spec.target import FULL, SLIDING, prefill
+
+VARIANTS = ["e4b", "26b-a4b", "31b"]
+# float32 over wider layers than test_parity's; a wrong formula is off by 1e-2 or more.
+TOL = 3e-4
+PROMPT_LEN = 3 * tiny.WINDOW + 5
+DECODE_LEN = tiny.WINDOW
+GENERATE = 3 * tiny.WINDOW  # greedy tokens, well past the window
+
+
+def random_ids(n, seed=0):
+    return np.random.RandomState(seed).randint(0, tiny.VOCAB, size=(1, n))
+
+
+def reference(folder):
+    from transformers import Gemma4ForCausalLM
+
+    return Gemma4ForCausalLM.from_pretrained(folder).eval()
+
+
+@pytest.mark.parametrize("variant", ["e2b"] + VARIANTS)
+def test_drafter_source_layers_are_the_ones_transformers_stores(family, variant):
+    from transformers import Gemma4TextConfig
+
+    folder = family(variant)["target"]
+    config = Gemma4TextConfig.from_pretrained(folder)
+    stored = {config.layer_types[i]: i for i, mode in enumerate(config.kv_sharing_modes) if mode == "store"}
+    target, _ = load_target(str(folder))
+    assert target.kv_layers == stored
+    # The structure each variant stands for, read back from the loaded model.
+    args = target.args
+    shared = {"e2b": 4, "e4b": 4, "26b-a4b": 0, "31b": 0}[variant]
+    assert args.num_kv_shared_layers == shared
+    assert args.enable_moe_block == (variant == "26b-a4b")
+    assert args.attention_k_eq_v == (variant in ("26b-a4b", "31b"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_target_matches_transformers_prefill_and_decode(family, variant):
+    folder = family(variant)["target"]
+    ids = random_ids(PROMPT_LEN + DECODE_LEN)
+    with torch.no_grad():
+        out = reference(folder)(torch.tensor(ids), output_hidden_states=True)
+    target, _ = load_target(str(folder))
+    cache = target.make_cache()
+    logits, hidden = [], []
+    chunks = [(0, 7), (7, 30), (30, PROMPT_LEN)] + [(i, i + 1) for i in range(PROMPT_LEN, PROMPT_LEN + DECODE_LEN)]
+    for lo, hi in chunks:
+        l, h = target(mx.array(ids[:, lo:hi]), cache)
+        logits.append(np.array(l)[0])
+        hidden.append(np.array(h)[0])
+    assert np.abs(np.concatenate(logits) - out.logits.numpy()[0]).max() <= TOL
+    assert np.abs(np.concatenate(hidden) - out.hidden_states[-1].numpy()[0]).max() <= TOL
+
+
+def reference_state(folder, ids):
+    """transformers' target, its hidden state of the last position and the K/V it shares."""
+    model = reference(folder)
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_hidden_states=True, return_shared_kv_states=True)
+    return model, out.hidden_states[-1][:, -1:], dict(out.shared_kv_states)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_drafter_reads_the_kv_transformers_gives_it(family, variant):
+    folder = family(variant)["target"]
+    ids = random_ids(3 * tiny.WINDOW + 2, seed=7)
+    _, ref_hidden, ref_kv = reference_state(folder, ids)
+    target, _ = load_target(str(folder))
+    cache = target.make_cache()
+    hidden = prefill(target, mx.array(ids), cache, chunk=tiny.WINDOW - 3)
+    assert np.abs(np.array(hidden) - ref_hidden.numpy()).max() <= TOL
+    span = {SLIDING: tiny.WINDOW + 1, FULL: ids.shape[1]}
+    for kind, (keys, values) in target.drafter_kv(cache).items():
+        ref_keys, ref_values = (x.numpy()[..., -span[kind] :, :] for x in ref_kv[kind])
+        assert keys.shape == ref_keys.shape
+        assert np.abs(np.array(keys) - ref_keys).max() <= TOL
+        assert np.abs(np.array(values) - ref_values).max() <= TOL
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_drafter_matches_transformers_over_several_steps(family, variant):
+    from transformers import Gemma4AssistantForCausalLM
+
+    folders = family(variant)
+    ids = random_ids(3 * tiny.WINDOW + 3, seed=7)
+    ref_target, ref_hidden, ref_kv = reference_state(folders["target"], ids[:, :-1])
+    ref_drafter = Gemma4AssistantForCausalLM.from_pretrained(folders["assistant"]).eval()
+    drafter, _ = load_drafter(str(folders["assistant"]))
+    kv = {k: (mx.array(v[0].numpy()), mx.array(v[1].numpy())) for k, v in ref_kv.items()}
+    kv[SLIDING] = tuple(x[..., -(tiny.WINDOW + 1) :, :] for x in kv[SLIDING])
+    token = torch.tensor(ids[:, -1:])
+    position = ids.shape[1] - 1
+    for _ in range(3):
+        embedding = ref_target.get_input_embeddings()(token).detach()
+        with torch.no_grad():
+            r = ref_drafter(
+                inputs_embeds=torch.cat([embedding, ref_hidden], dim=-1),
+                position_ids=torch.tensor([[position]]),
+                shared_kv_states=ref_kv,
+            )
+        h, next_hidden = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), kv, position)
+        ref_logits = r.logits.numpy()[0, 0]
+        full = np.array(drafter.full_logits(h))[0, 0]
+        kept = ref_logits > ref_logits.min()  # the centroid head's candidates (all ids without it)
+        if not drafter.config.use_ordered_embeddings:
+            kept[:] = True
+        assert np.array_equal(np.isfinite(full), kept)
+        assert np.abs(full[kept] - ref_logits[kept]).max() <= TOL
+        assert np.abs(np.array(next_hidden) - r.last_hidden_state.numpy()).max() <= TOL
+        assert drafter.greedy_token(h).item() == int(ref_logits.argmax())
+        token, ref_hidden = torch.tensor([[int(ref_logits.argmax())]]), r.last_hidden_state
+
+
+def family_engine(folders):
+    loaded = load(str(folders["target"]), str(folders["assistant"]))
+    return Engine(loaded.target, loaded.assistant, None, stop_tokens=[])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_mtp_on_equals_off_equals_transformers(family, variant):
+    folders = family(variant)
+    prompt = random_ids(2 * tiny.WINDOW, seed=11)
+    model = reference(folders["target"])
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        expected = model.generate(torch.tensor(prompt), max_new_tokens=GENERATE, do_sample=False)[0].tolist()
+    expected = expected[prompt.shape[1] :]
+    assert len(expected) == GENERATE
+    engine = family_engine(folders)
+    prompt = prompt[0].tolist()
+    assert engine.generate(prompt, max_tokens=GENERATE, mtp=False).tokens == expected
+    mtp = engine.generate(prompt, max_tokens=GENERATE, lookup=False)
+    assert mtp.tokens == expected
+    assert mtp.stats.drafted > 0
+    assert engine.generate(prompt, max_tokens=GENERATE, draft_tokens=3).tokens == expected
+
+
+def test_same_seed_same_tokens_with_and_without_mtp_31b(family):
+    """Sampling exactness on a target with keys equal to values and no K/V sharing."""
+    engine = family_engine(family("31b"))
+    prompt = random_ids(2 * tiny.WINDOW + 5, seed=3)[0].tolist()
+    settings = dict(temperature=1.0, top_k=64, top_p=0.95, seed=7)
+    off = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, mtp=False, **settings)
+    on = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, lookup=False, **settings)
+    assert on.tokens == off.tokens
+    assert on.stats.drafted > 0
+
+
+def test_assistant_with_a_shorter_window_than_its_target(checkpoints, tmp_path):
+    """An assistant whose sliding window is shorter than the target's reads the last
+    `its window + 1` positions, as transformers' assistant mask does with the target's whole K/V;
+    decoding with it stays exact."""
+    from transformers import Gemma4AssistantForCausalLM
+
+    window = tiny.WINDOW - 4
+    folder = tiny.build_assistant(tmp_path / "short", ordered=False, sliding_window=window)
+    ids = random_ids(3 * tiny.WINDOW + 3, seed=5)
+    ref_target, ref_hidden, ref_kv = reference_state(checkpoints["text"], ids[:, :-1])
+    ref_drafter = Gemma4AssistantForCausalLM.from_pretrained(folder).eval()
+    embedding = ref_target.get_input_embeddings()(torch.tensor(ids[:, -1:])).detach()
+    position = ids.shape[1] - 1
+    with torch.no_grad():
+        r = ref_drafter(
+            inputs_embeds=torch.cat([embedding, ref_hidden], dim=-1),
+            position_ids=torch.tensor([[position]]),
+            shared_kv_states=ref_kv,  # every position: the mask alone limits the window
+        )
+    target, _ = load_target(str(checkpoints["text"]))
+    cache = target.make_cache()
+    prefill(target, mx.array(ids[:, :-1]), cache)
+    drafter, _ = load_drafter(str(folder))
+    h, _ = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), target.drafter_kv(cache), position)
+    assert np.abs(np.array(drafter.full_logits(h))[0, 0] - r.logits.numpy()[0, 0]).max() <= TOL
+
+    engine = family_engine({"target": checkpoints["text"], "assistant": folder})
+    prompt = ids[0].tolist()
+    off = engine.generate(prompt, max_tokens=GENERATE, mtp=False)
+    on = engine.generate(prompt, max_tokens=GENERATE, lookup=False)
+    assert on.tokens == off.tokens and on.stats.drafted > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_google_layout_loads_to_the_same_model(family, variant, tmp_path):
+    """Google ships each size as Gemma4ForConditionalGeneration (text weights under
+    model.language_model, vision and audio towers beside); experts and keys-equal-values layers
+    load from it to the same model."""
+    google = tiny.build_target(tmp_path / "google", layout="google", variant=variant, tokenizer=False)
+    ids = mx.array(random_ids(2 * tiny.WINDOW, seed=9))
+    a, _ = load_target(str(family(variant)["target"]))
+    b, _ = load_target(str(google))
+    assert np.array_equal(np.array(a(ids, a.make_cache())[0]), np.array(b(ids, b.make_cache())[0]))

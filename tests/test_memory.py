@@ -1,0 +1,135 @@
+"""The memory check: weights as on disk plus the K/V cache at the requested context, compared
+with what the machine has, before anything is downloaded."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import tiny
+from mlx_spec import LoadError, load, memory
+from mlx_spec.family import FAMILY
+from mlx_spec.loading import load_target
+from mlx_spec.target import prefill
+
+
+def folder_bytes(folder):
+    return sum(f.stat().st_size for f in folder.glob("model*.safetensors"))
+
+
+def test_estimate_is_the_files_plus_the_kv_cache(checkpoints):
+    target, assistant = str(checkpoints["text"]), str(checkpoints["assistant"])
+    estimate = memory.estimate(target, assistant, context=1024)
+    assert estimate.weights == folder_bytes(checkpoints["text"]) + folder_bytes(checkpoints["assistant"])
+    assert memory.estimate(target, None, context=1024).weights == folder_bytes(checkpoints["text"])
+    assert estimate.kv_cache == memory.kv_cache_bytes(memory._text_config(checkpoints["text"] / "config.json"), 1024)
+
+
+@pytest.mark.parametrize("variant", ["e2b", "26b-a4b"])
+def test_kv_estimate_covers_the_real_cache(family, variant):
+    """After a prompt of `context` tokens the caches hold at most the estimate, and not much less:
+    K/V-shared layers hold nothing, full layers the whole context, sliding ones about a window."""
+    folder = family(variant)["target"]
+    target, _ = load_target(str(folder))
+    context = 1024
+    cache = target.make_cache()
+    prefill(target, mx.array(np.random.RandomState(0).randint(0, tiny.VOCAB, size=(1, context))), cache)
+    mx.eval([c.keys for c in cache])
+    actual = sum(c.nbytes for c in cache)
+    estimate = memory.kv_cache_bytes(memory._text_config(folder / "config.json"), context)
+    assert actual <= estimate <= 1.5 * actual
+
+
+def test_published_kv_cache_sizes():
+    """From the published configs: 31B keeps 10 full layers of 4 K/V heads x 512 (keys and
+    values, bf16) per token; E2B 3 full layers of 1 head x 512, its other 20 layers share."""
+    per_token = {name: (memory.kv_cache_bytes(size.text, 2 * 65536) - memory.kv_cache_bytes(size.text, 65536)) / 65536
+                 for name, size in FAMILY.items()}
+    assert per_token["31b"] == 10 * 2 * 4 * 512 * 2
+    assert per_token["26b-a4b"] == 5 * 2 * 2 * 512 * 2
+    assert per_token["e4b"] == 4 * 2 * 2 * 512 * 2
+    assert per_token["e2b"] == 3 * 2 * 1 * 512 * 2
+
+
+def test_too_big_for_this_machine_is_a_load_error_unless_forced(checkpoints, monkeypatch):
+    target, assistant = str(checkpoints["text"]), str(checkpoints["assistant"])
+    needed = memory.estimate(target, assistant, context=4096)
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed.total - 1)
+    with pytest.raises(LoadError, match=r"needs about .* GB of K/V cache at 4096 tokens\), and this machine has .*force=True \(--force\)"):
+        load(target, assistant, context=4096)
+    engine = load(target, assistant, context=4096, force=True)
+    assert engine.assistant is not None
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed.total)
+    assert load(target, assistant, context=4096).assistant is not None
+
+
+def test_cli_force_and_context_reach_the_check(checkpoints, monkeypatch):
+    from click.testing import CliRunner
+
+    from mlx_spec.cli import cli
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1)
+    args = ["generate", "--model", str(checkpoints["text"]), "--drafter", str(checkpoints["assistant"]),
+            "--raw", "-p", "Hello", "-m", "2"]
+    refused = CliRunner().invoke(cli, args + ["--context", "2048"])
+    assert isinstance(refused.exception, LoadError) and "at 2048 tokens" in str(refused.exception)
+    forced = CliRunner().invoke(cli, args + ["--force"])
+    assert forced.exit_code == 0, forced.output
+
+
+def test_unknown_sizes_skip_the_check(monkeypatch):
+    """Offline and not downloaded: nothing to estimate, and the download reports the problem."""
+    assert memory.estimate("nobody/no-such-model-here", None) is None
+
+
+def test_published_configs_have_the_sizes_their_names_say():
+    """The family table's text configs, built lazily with mlx-lm (nothing is allocated), have the
+    parameter counts the names promise: E2B / E4B "effective" (without the per-layer embedding
+    table), 26B-A4B in total and about 4B active per token (8 of 128 experts), 31B."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma4_text
+
+    def counts(name):
+        text = FAMILY[name].text
+        model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(dict(text, model_type="gemma4_text")))
+        params = dict(tree_flatten(model.parameters()))
+        total = sum(v.size for v in params.values())
+        ple = sum(v.size for k, v in params.items() if "embed_tokens_per_layer" in k)
+        experts = sum(v.size for k, v in params.items() if ".experts." in k)
+        active = total - ple - experts + experts * text.get("top_k_experts", 0) // text.get("num_experts", 1)
+        return total / 1e9, (total - ple) / 1e9, active / 1e9
+
+    assert 2.0 < counts("e2b")[1] < 2.5
+    assert 4.0 < counts("e4b")[1] < 5.0
+    total, _, active = counts("26b-a4b")
+    assert 25 < total < 27 and 3.5 < active < 4.5
+    assert 30 < counts("31b")[0] < 32
+
+
+def test_before_downloading_the_hub_listing_and_the_published_config_are_used(monkeypatch):
+    """A size not downloaded yet: its weights as the hub lists them (no weights fetched), its K/V
+    cache from the published config; too big for a 16 GB machine, fine on 64 GB."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    listing = {
+        FAMILY["31b"].target: [("model-00001-of-00002.safetensors", 10 * 10**9),
+                               ("model-00002-of-00002.safetensors", 8 * 10**9), ("config.json", 10**4)],
+        FAMILY["31b"].drafter: [("model.safetensors", 9 * 10**8)],
+    }
+    asked = []
+
+    def model_info(self, repo_id, files_metadata=False):
+        asked.append(repo_id)
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename=f, size=n) for f, n in listing[repo_id]])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    needed = memory.estimate(FAMILY["31b"].target, FAMILY["31b"].drafter, context=8192)
+    assert needed.weights == 18 * 10**9 + 9 * 10**8
+    assert needed.kv_cache == memory.kv_cache_bytes(FAMILY["31b"].text, 8192)
+    assert sorted(asked) == sorted(listing)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 10**9)
+    with pytest.raises(LoadError, match=r"target mlx-community/gemma-4-31b-it-4bit: .* needs about 20\.8 GB"):
+        load("31b")
+    monkeypatch.setattr(memory, "available_bytes", lambda: 64 * 10**9)
+    assert memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter) is not None
