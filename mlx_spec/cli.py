@@ -67,13 +67,19 @@ def check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens) -> None:
         raise SettingsError(f"--max-tokens must be >= 1, got {max_tokens}")
 
 
-def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp):
+def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
+    """The engine, with --context and --force as the command line gave them (`load_settings`,
+    read from the click context unless given: `serve` loads on another thread)."""
     from .engine import load
 
     bits = int(drafter_bits) if drafter_bits else None
+    settings = load_settings if load_settings is not None else memory_settings()
+    return load(model, None if no_mtp else drafter, bits, drafter_mode, **settings)
+
+
+def memory_settings() -> dict:
     meta = click.get_current_context().meta
-    return load(model, None if no_mtp else drafter, bits, drafter_mode, context=meta.get("mlx_spec.context", DEFAULT_CONTEXT),
-                force=meta.get("mlx_spec.force", False))
+    return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False)}
 
 
 def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup) -> dict:
@@ -301,7 +307,8 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 
     defaults = dict(decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
                     max_tokens=max_tokens, thinking=thinking)
-    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)  # noqa: E731
+    settings = memory_settings()  # here: the click context belongs to this thread
+    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level)
 
 
