@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mlx_lm.tool_parsers import gemma4 as gemma4_tools
 
+from .sampling import SettingsError
+
 Message = Dict[str, Any]
 ANSWER, THOUGHT, TOOL_CALL = "answer", "thought", "tool_call"
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
@@ -105,9 +107,8 @@ def for_template(messages: List[Message]) -> List[Message]:
     for message in messages:
         calls = out[-1].get("tool_calls") if out and out[-1].get("role") == "assistant" else None
         if message.get("role") == "tool" and calls:
-            out[-1].setdefault("tool_responses", []).append(
-                {"name": _tool_name(calls, message), "response": _text_of_parts(message.get("content"))}
-            )
+            response = {"name": _tool_name(calls, message), "response": _text_of_parts(message.get("content"))}
+            out[-1]["tool_responses"] = [*out[-1].get("tool_responses", []), response]  # never the caller's list
             continue
         message = dict(message)
         if message.get("tool_calls"):
@@ -117,7 +118,9 @@ def for_template(messages: List[Message]) -> List[Message]:
 
 
 def _with_mapping_arguments(call: Message) -> Message:
-    arguments = (call.get("function") or {}).get("arguments")
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
+        raise SettingsError(f"a tool call must be {{'function': {{'name': ..., 'arguments': ...}}}}, got {call!r}")
+    arguments = call["function"].get("arguments")
     if not isinstance(arguments, str):
         return call
     try:
@@ -132,7 +135,7 @@ def _with_mapping_arguments(call: Message) -> Message:
 def _tool_name(calls: List[Message], result: Message) -> str:
     for call in calls:
         if result.get("tool_call_id") is not None and call.get("id") == result["tool_call_id"]:
-            return call["function"]["name"]
+            return (call.get("function") or {}).get("name") or result.get("name") or "unknown"
     return result.get("name") or "unknown"
 
 

@@ -67,7 +67,10 @@ class CycleBuilder:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
         draft = self._draft(state, start, g, drafter) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
         g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
-        inputs = mx.concatenate([start.last, draft.tokens[None]], axis=1)
+        # A guess outside the vocabulary is never kept (no id equals it); clipped, it reads no
+        # embedding row out of bounds.
+        vocab = self.target.vocab_size
+        inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target(inputs, state.cache)
         dist = distribution(logits[0], self.settings)
         t0, uniforms = start.generated, self.uniforms

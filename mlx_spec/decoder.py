@@ -81,27 +81,28 @@ class Decoder:
         self.stats = Stats()
         self._synced_at: Optional[float] = None
 
-    def check_room(self, state: SequenceState, new_tokens: int, max_tokens: int) -> None:
+    def check_room(self, prompt_tokens: int, max_tokens: int) -> None:
         limit = self.target.args.max_position_embeddings
-        total = len(state.tokens) + new_tokens + max_tokens
-        if total > limit:
+        if prompt_tokens + max_tokens > limit:
             raise SettingsError(
-                f"prompt too long: {len(state.tokens) + new_tokens} tokens plus {max_tokens} to "
-                f"generate exceed the model's {limit} positions"
+                f"prompt too long: {prompt_tokens} tokens plus {max_tokens} to generate exceed the "
+                f"model's {limit} positions"
             )
 
     def start(self, state: SequenceState, tokens: List[int], max_tokens: int) -> None:
         """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
         prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
-        target, and the point is checkpointed for the next turn to come back to."""
+        target, and the point is checkpointed for the next turn to come back to. A prompt that
+        cannot fit changes nothing."""
+        self.check_room(len(tokens), max_tokens)
         held = state.rewind(tokens)
-        self.check_room(state, len(tokens) - held, max_tokens)
         self.add_tokens(state, tokens[held:])
         state.checkpoint()
 
     def add_tokens(self, state: SequenceState, tokens: List[int]) -> None:
         """Append prompt tokens: all but the last go through the target now (in chunks). The
-        tokens generated after them are a new answer (its uniforms start again at index 0)."""
+        tokens generated after them are a new answer (its uniforms start again at index 0). If
+        the target fails on them, the state is emptied: its caches may be half written."""
         if not tokens:
             raise SettingsError("the prompt is empty")
         vocab = self.target.vocab_size
@@ -109,13 +110,19 @@ class Decoder:
         if bad:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         start = time.perf_counter()
-        self.stats.prompt_reused += state.cached
+        reused = state.cached
         to_process = state.tokens[-1:] + tokens[:-1]
+        if to_process:
+            try:
+                hidden = prefill(self.target, mx.array([to_process]), state.cache, self.prefill_chunk)
+                mx.eval(hidden)
+            except BaseException:
+                state.clear()
+                raise
+            state.hidden = hidden
         state.tokens.extend(tokens)
         state.generated = 0
-        if to_process:
-            state.hidden = prefill(self.target, mx.array([to_process]), state.cache, self.prefill_chunk)
-            mx.eval(state.hidden)
+        self.stats.prompt_reused += reused
         self.stats.prompt_tokens += len(to_process)
         self.stats.prompt_seconds += time.perf_counter() - start
 

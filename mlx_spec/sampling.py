@@ -153,10 +153,11 @@ def accept_by_ratio(
     vocab = draft_probs.shape[-1]
     p = target.dense(vocab)
     p_draft = p[..., :g, :]
-    p_x = mx.take_along_axis(p_draft, guesses[..., None], axis=-1)[..., 0]
-    q_x = mx.take_along_axis(draft_probs, guesses[..., None], axis=-1)[..., 0]
+    safe = mx.clip(guesses, 0, vocab - 1)  # a guess outside the vocabulary is never kept
+    p_x = mx.take_along_axis(p_draft, safe[..., None], axis=-1)[..., 0]
+    q_x = mx.take_along_axis(draft_probs, safe[..., None], axis=-1)[..., 0]
     # u < p/q, written without the division; q(x) > 0 because x was drawn from q.
-    keep = accept_uniforms * q_x < p_x
+    keep = (accept_uniforms * q_x < p_x) & (safe == guesses)
     residual = mx.maximum(p_draft - draft_probs, 0)
     # When rounding leaves q >= p everywhere the residual is empty; p itself is then the answer.
     empty = residual.sum(axis=-1, keepdims=True) <= 0

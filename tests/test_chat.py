@@ -231,3 +231,13 @@ def test_call_arguments_sent_as_json_strings_render_as_mappings(engine):
         call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
     native = QUESTION_MESSAGES + [calls_message()] + results_messages()
     assert rendered(engine, QUESTION_MESSAGES + [as_string] + results_messages(), TOOLS) == rendered(engine, native, TOOLS)
+
+
+def test_rendering_leaves_the_callers_messages_alone_and_refuses_malformed_calls(engine):
+    messages = QUESTION_MESSAGES + [calls_message()] + results_messages()
+    messages[1]["tool_responses"] = []
+    before = json.dumps(messages)
+    assert rendered(engine, messages, TOOLS) == rendered(engine, messages, TOOLS)
+    assert json.dumps(messages) == before
+    with pytest.raises(SettingsError, match="a tool call must be"):
+        engine.encode(QUESTION_MESSAGES + [{"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}])

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import pytest
 
+import tiny
 from mlx_spec import load
 
 STATS = re.compile(
@@ -56,6 +58,20 @@ def test_chat_session_through_stdin(checkpoints):
     assert re.search(r"\[session: 3 turns, .* mtp off, thinking off\]", out.stdout)
 
 
+@pytest.fixture(scope="module")
+def endless(checkpoints, tmp_path_factory):
+    """The tiny checkpoints whose turns never end (no end-of-turn or tool-response stop token; the
+    tokenizer's <eos> stays), so that an answer runs until it is stopped."""
+    folder = tmp_path_factory.mktemp("endless") / "target"
+    shutil.copytree(checkpoints["text"], folder)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((folder / name).read_text())
+        config["eos_token_id"] = [10 * tiny.VOCAB]
+        (folder / name).write_text(json.dumps(config))
+    assert load(str(folder), drafter=None).stop_tokens == [tiny.EOS_ID, 10 * tiny.VOCAB]
+    return {"text": folder, "assistant": checkpoints["assistant"]}
+
+
 def long_answer_prompt(checkpoints):
     """A question the tiny model answers for more than 1,500 tokens (greedy, deterministic)."""
     engine = load(str(checkpoints["text"]), drafter=None)
@@ -66,10 +82,10 @@ def long_answer_prompt(checkpoints):
     pytest.fail("no candidate question gives the tiny model a long answer")
 
 
-def test_ctrl_c_stops_the_answer_and_the_session_goes_on(checkpoints):
-    question = long_answer_prompt(checkpoints)
+def test_ctrl_c_stops_the_answer_and_the_session_goes_on(endless):
+    question = long_answer_prompt(endless)
     proc = subprocess.Popen(
-        command(checkpoints, "chat", "--max-tokens", "3000"), stdin=subprocess.PIPE,
+        command(endless, "chat", "--max-tokens", "3000"), stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
     )
     try:
@@ -87,11 +103,11 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(checkpoints):
     turns = answers_and_stats((output + rest).decode())
     assert len(turns) == 2 and turns[0][0].endswith("\n[stopped]\n")
     interrupted = int(turns[0][1][0])
-    assert 0 < interrupted < 1500
+    assert 0 < interrupted < 3000
     # The next turn is answered as a session stopped at the same token answers it in-process.
-    session = load(str(checkpoints["text"]), str(checkpoints["assistant"])).chat(max_tokens=3000)
+    session = load(str(endless["text"]), str(endless["assistant"])).chat(max_tokens=3000)
     assert len(list(session.send(question, max_tokens=interrupted))) == interrupted
-    assert turns[1][0] == "".join(r.text for r in session.send("Hi")) + "\n"
+    assert turns[1][0] == "".join(r.text for r in session.send("Hi", max_tokens=3000)) + "\n"
 
 
 def read_until(proc, done, timeout, seen=b""):

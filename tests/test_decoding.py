@@ -285,3 +285,21 @@ def test_cycles_built_ahead_hit_and_miss_exactly(engine, prompt, reference, g, b
 def test_a_certain_next_cycle_is_queued_before_the_sync(engine, prompt, reference):
     result = engine.generate(prompt, max_tokens=50, mtp=False)
     assert result.stats.prebuilt == result.stats.cycles - 1 and result.stats.exposed_host_seconds == 0
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_guesses_outside_the_vocabulary_are_never_kept(engine, prompt, sampled):
+    class OutOfRange:
+        def draft(self, context, g):
+            from mlx_spec.drafters import Draft
+
+            guesses = mx.array([tiny.VOCAB + 7, -3][:g] + [0] * max(g - 2, 0), dtype=mx.int32)
+            q = mx.full((g, tiny.VOCAB), 1.0 / tiny.VOCAB) if sampled else None
+            return Draft(guesses, q=q)
+
+    settings = dict(temperature=1.0, seed=4) if sampled else {}
+    off = engine.generate(prompt, max_tokens=40, mtp=False, **settings)
+    on = engine.generate(prompt, max_tokens=40, drafter=OutOfRange(), draft_tokens=2, **settings)
+    assert on.stats.kept == 0 and on.stats.drafted > 0
+    if not sampled:  # the ratio rule draws corrections from other uniforms: same law, other tokens
+        assert on.tokens == off.tokens

@@ -181,3 +181,32 @@ def test_a_conversation_sharing_only_a_system_prompt_leaves_the_others_intact(en
         start(engine, state, prompt)
         assert answer(engine, state, 30) == fresh(engine, prompt)
         cache.give_back(state)
+
+
+def test_a_prompt_the_target_fails_on_leaves_an_empty_state(engine, tokens, monkeypatch):
+    """Half-written caches are never kept: the state is emptied, and the next prompt is exact."""
+    import mlx_spec.decoder as decoder_module
+
+    state = conversation(engine, tokens)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the device failed")
+
+    monkeypatch.setattr(decoder_module, "prefill", failing)
+    with pytest.raises(RuntimeError, match="the device failed"):
+        start(engine, state, list(state.tokens) + tokens[300:340])
+    assert state.tokens == [] and state.cached == 0
+    monkeypatch.undo()
+    new = tokens[:PROMPT] + tokens[300:340]
+    start(engine, state, new)
+    assert answer(engine, state, 30) == fresh(engine, new)
+
+
+def test_a_prompt_too_long_changes_nothing(engine, tokens):
+    from mlx_spec.sampling import SettingsError
+
+    state = conversation(engine, tokens)
+    held, cached = list(state.tokens), state.cached
+    with pytest.raises(SettingsError, match="prompt too long"):
+        start(engine, state, tokens[:10] * 500)
+    assert state.tokens == held and state.cached == cached
