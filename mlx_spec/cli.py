@@ -1,6 +1,7 @@
 """The `mlx-spec` command: `chat`, `generate` and `serve`, with mlx-lm's flag spellings."""
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -310,6 +311,13 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level)
+    # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
+    # process here rather than in the interpreter's teardown, where destroying MLX's streams of
+    # that thread can abort the process (seen: "terminate called without an active exception").
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
