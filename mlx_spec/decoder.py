@@ -26,6 +26,8 @@ from .target import Target, prefill, trim_cache
 
 __all__ = ["Decoder", "SequenceState", "Stats", "MAX_DRAFT_TOKENS"]
 ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
+# How likely the running cycle's outcome must be for the next cycle to be built ahead for it.
+AHEAD_BELIEF = 0.8
 
 
 @dataclass
@@ -148,8 +150,7 @@ class Decoder:
                     current = self.builder.build(state, Start.settled(state), self._choose_g(budget), self.drafter)
                     self._launch(current)
                 ahead = self._build_ahead(state, current, budget)
-                if ahead is not None and current.g == 0:  # a certain outcome: queue it now
-                    ahead.snapshot = None
+                if ahead is not None and ahead.snapshot is None:  # a certain outcome: queue it now
                     self._launch(ahead.cycle)
                 yield from pending.hand_over()  # while the device works on this cycle
                 tokens, kept, fetched = self._sync(current, budget, launched_next=ahead is not None and ahead.snapshot is None)
@@ -193,9 +194,9 @@ class Decoder:
             return self.policy.choose(budget)
         return min(self.draft_tokens, budget - 1)
 
-    def _likely_settles(self, g: int) -> int:
-        """The most likely number of tokens a cycle with g guesses settles, from the measured
-        acceptance by guess position."""
+    def _likely_outcome(self, g: int):
+        """(tokens, probability): the most likely number of tokens a cycle with g guesses
+        settles, from the measured acceptance by guess position, and how likely it is."""
         best, best_p, run = 0, -1.0, 1.0
         for k in range(g + 1):
             a = self.estimates.acceptance[k] if k < g else 0.0
@@ -203,25 +204,30 @@ class Decoder:
             if p > best_p:
                 best, best_p = k, p
             run *= a
-        return best + 1
+        return best + 1, best_p
 
     def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> Optional[_Ahead]:
-        """The next cycle, built for the running cycle's likely outcome, or None when there is
-        no room for another cycle."""
-        settles = self._likely_settles(running.g)
-        if budget - settles < 1:
+        """The next cycle, built for the running cycle's likely outcome; None when there is no
+        room for another cycle, or when the outcome is too uncertain for the work to pay: where
+        the host cannot overlap the device (MLX on a CPU), a cycle built for nothing costs its
+        whole build."""
+        certain = running.g == 0
+        settles, p = (1, 1.0) if certain else self._likely_outcome(running.g)
+        if budget - settles < 1 or p < AHEAD_BELIEF:
             return None
         g = self._choose_g(budget - settles)
         drafter = ahead_drafter(self.drafter, running.source) if g > 0 else None
         if g > 0 and drafter is None:
             return None  # the drafter needs the tokens on the host: the cycle waits for them
-        snapshot = snapshot_caches(state.cache)
+        # A certain outcome is launched at once; only an uncertain one may have to be undone.
+        snapshot = None if certain else snapshot_caches(state.cache)
         # The caches hold the running cycle's g + 1 positions; keep those its outcome keeps.
         trim_cache(state.cache, running.g + 1 - settles)
         try:
             cycle = self.builder.build(state, Start.ahead(state, running, settles), g, drafter)
         except Exception:
-            restore_caches(state.cache, snapshot)
+            if snapshot is not None:
+                restore_caches(state.cache, snapshot)
             raise
         return _Ahead(cycle, settles, snapshot)
 
