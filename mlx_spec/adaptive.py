@@ -79,6 +79,14 @@ class AdaptiveDraftLength:
         return total
 
     def cycle_seconds(self, g: int) -> float:
+        """A cycle's time with g guesses: measured, or from a line through the lengths that
+        were. Never less than a shorter draft's: noise (or a cycle whose time hid behind the
+        next one's build) must not make a longer draft look cheaper, least of all where no
+        guess is kept and every length settles one token."""
+        shorter = [t for k, t in self.seconds.items() if k < g]
+        return max([self._fitted_seconds(g), *shorter])
+
+    def _fitted_seconds(self, g: int) -> float:
         if g in self.seconds:
             return self.seconds[g]
         known = sorted(self.seconds.items())
