@@ -1,7 +1,9 @@
 """What a cycle costs the host, measured without running the model: the time to build one cycle's
 lazy graph for g = 0..8 at the full E2B shape (random weights, nothing evaluated, nothing
-downloaded), the number of graph nodes (primitives, each one a kernel launch) in a target pass,
-a draft step and sampling + acceptance + reports, and mlx-lm's per-token figures beside them.
+downloaded), and at g = 6 with the reports off; the number of graph nodes (primitives, each one
+a kernel launch) in a target pass, a draft step and sampling + acceptance + reports, the last two
+both as plain graphs and compiled as the loop runs them; and mlx-lm's per-token figures beside
+them.
 
 With `--positions bench/results/positions.json` from a Mac (device times of a target pass and of
 the drafter), it also predicts tok/s with a serial build (build + device) and with a pipelined
@@ -24,11 +26,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from common import E2B, E2B_ASSISTANT, arguments, header, machine, markdown, write_json
 from mlx_spec.assistant import Assistant, AssistantConfig
 from mlx_spec.cycle import CycleBuilder, Start
-from mlx_spec.drafters import MTPDrafter
+from mlx_spec.drafters import DraftContext, MTPDrafter
 from mlx_spec.reports import report_arrays
 from mlx_spec.sampling import SamplingSettings, accept_by_match, distribution, uniform_streams
 from mlx_spec.sequence import SequenceState
 from mlx_spec.target import Target, trim_cache
+from mlx_spec.verify import Verifier
 
 # The E2B structure (35 layers, its sharing and layer types) at widths small enough to evaluate:
 # the number of graph nodes depends on the structure, not on the widths.
@@ -95,6 +98,8 @@ def nodes(*arrays) -> int:
 
 
 def node_counts(g: int) -> dict:
+    """Nodes of each part of a cycle, the draft step and the verification tail both as plain
+    Python-built graphs and as the loop builds them (compiled)."""
     target, assistant = models(NARROW, NARROW_ASSISTANT)
     mx.eval(target.model.parameters(), assistant.parameters())
     state = filled(target, 64, evaluate=True)
@@ -104,17 +109,24 @@ def node_counts(g: int) -> dict:
     counts = {"target pass": nodes(logits, hidden, *caches())}
     mx.eval(logits, hidden, caches())
     settings = SamplingSettings.named("gemma")
+    guesses, uniforms = mx.array([1] * g), mx.random.uniform(shape=(g + 1, 2))
     dist = distribution(logits[0], settings)
-    kept, tokens = accept_by_match(dist, mx.array([1] * g), mx.random.uniform(shape=(g + 1, 2)))
-    counts["sampling + acceptance"] = nodes(kept, tokens)
-    counts["reports"] = nodes(*report_arrays(logits[0], dist, tokens).values()) - nodes(tokens)
-    kv = target.drafter_kv(state.cache)
-    h, nxt = assistant.step(target.embed(mx.array([[1]])), hidden[:, :1], kv, mx.array(64))
-    counts["draft step"] = nodes(assistant.greedy_token(h), nxt)
+    kept, tokens = accept_by_match(dist, guesses, uniforms)
+    plain_tail = nodes(kept, tokens, *report_arrays(logits[0], dist, tokens).values())
+    kept, tokens, reports = Verifier(settings, True).by_match(logits[0], guesses, uniforms)
+    counts.update({"sampling + acceptance + reports, plain": plain_tail,
+                   "sampling + acceptance + reports, compiled": nodes(kept, tokens, *reports.values())})
     trim_cache(state.cache, g + 1)
+    kv = target.drafter_kv(state.cache)
+    h, nxt = assistant.step(target.embed(mx.array([[1]])), state.hidden, kv, mx.array(64))
+    drafter = MTPDrafter(assistant, target)
+    context = DraftContext(state.tokens, mx.array([[1]]), state.hidden, target.drafter_buffers(state.cache),
+                           settings, mx.zeros((1, 2)))
+    counts.update({"draft step, plain": nodes(assistant.greedy_token(h), nxt),
+                   "draft step, compiled": nodes(drafter.draft(context, 1).tokens)})
     builder = CycleBuilder(target, settings, uniform_streams(0), True)
-    cycle = builder.build(state, Start.settled(state), g, MTPDrafter(assistant, target))
-    counts[f"whole cycle, g = {g}"] = nodes(*cycle.arrays(), *caches())
+    cycle = builder.build(state, Start.settled(state), g, drafter)
+    counts[f"whole cycle, g = {g}, as the loop builds it"] = nodes(*cycle.arrays(), *caches())
     y = mx.array([[1]])
     lm_logits = target.model(y, cache=make_prompt_cache(target.model))[:, -1, :]
     counts["mlx-lm token"] = nodes(mx.argmax(lm_logits - mx.logsumexp(lm_logits, keepdims=True), axis=-1))
@@ -134,13 +146,17 @@ def main():
     print(header("Host cost of a cycle (E2B shape, 4-bit, lazy random weights, nothing evaluated)", info,
                  {"context": args.context, "repeats": args.repeats, "sampling": "gemma"}))
     build = {g: build_ms(builder, drafter, state, g, args.repeats) for g in range(9)}
+    silent = CycleBuilder(target, SamplingSettings.named("gemma"), uniform_streams(0), False)
+    reports_off = build_ms(silent, drafter, state, 6, args.repeats)
     lm_ms = mlx_lm_build_ms(target, args.context, args.repeats)
-    print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()] + [["mlx-lm token", f"{lm_ms:.2f}"]]))
+    print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()]
+                   + [["6, reports off", f"{reports_off:.2f}"], ["mlx-lm token", f"{lm_ms:.2f}"]]))
     counts = node_counts(6)
     print("\nGraph nodes (primitives, one kernel launch each), E2B structure. On a CPU, MLX's fused kernels")
     print(f"(RMS norm, RoPE, attention) appear as their fallbacks' many nodes; on Metal each is one. Here: {info['device']}\n")
     print(markdown(["graph", "nodes"], [[k, v] for k, v in counts.items()]))
-    results = {"machine": info, "context": args.context, "build_ms": build, "mlx_lm_build_ms": lm_ms, "nodes": counts}
+    results = {"machine": info, "context": args.context, "build_ms": build, "build_ms_reports_off": reports_off,
+               "mlx_lm_build_ms": lm_ms, "nodes": counts}
     if args.positions:
         results["predicted"] = predict(json.loads(open(args.positions).read()), build, lm_ms)
     print(f"\nJSON: {write_json('overhead', args, results)}")

@@ -45,7 +45,7 @@ def time_drafter(engine, state: SequenceState, g: int, repeats: int) -> float:
     drafter = engine.mtp_drafter
     context = DraftContext(
         tokens=state.tokens, last_token=mx.array([[state.tokens[-1]]]), hidden=state.hidden,
-        shared_kv=engine.target.drafter_kv(state.cache), settings=SamplingSettings(), uniforms=mx.zeros((g,)),
+        kv=engine.target.drafter_buffers(state.cache), settings=SamplingSettings(), uniforms=mx.zeros((g,)),
     )
     return median_ms(lambda: mx.eval(drafter.draft(context, g).tokens), repeats)
 

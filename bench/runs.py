@@ -146,7 +146,7 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5):
         c = 0.0
         if g and engine.mtp_drafter is not None:
             context = DraftContext(state.tokens, mx.array([[state.tokens[-1]]]), state.hidden,
-                                   engine.target.drafter_kv(state.cache), SamplingSettings(), mx.zeros((g,)))
+                                   engine.target.drafter_buffers(state.cache), SamplingSettings(), mx.zeros((g,)))
             c = median_ms(lambda: mx.eval(engine.mtp_drafter.draft(context, g).tokens), repeats) / one
         ratios[g] = {"R": r, "C": c}
     return one, ratios

@@ -115,6 +115,7 @@ class Assistant(nn.Module):
         hidden: mx.array,
         shared_kv: Dict[str, Tuple[mx.array, mx.array]],
         position,
+        masks: Optional[Dict[str, mx.array]] = None,
     ) -> Tuple[mx.array, mx.array]:
         """One draft step for a single position.
 
@@ -122,21 +123,30 @@ class Assistant(nn.Module):
         hidden: the target's (or the previous step's) hidden state [B, 1, backbone].
         shared_kv: the target's K/V per attention type (see `Target.drafter_kv`).
         position: the RoPE position of the query, held constant for the round.
+        masks: when shared_kv holds whole cache buffers, the slots to read per attention type
+        (`SharedKV.mask`); None when it holds exactly the positions to read.
         Returns (h, next_hidden): the drafter's final-norm state and its projection.
         """
         x = self.pre_projection(mx.concatenate([token_embedding, hidden], axis=-1))
         offset = mx.array(position) if isinstance(position, int) else position
-        shared_kv = self._visible(shared_kv)
+        if masks is None:
+            shared_kv, masks = self._visible(shared_kv), {}
         for layer, layer_type in zip(self.model.layers, self.layer_types):
-            # A single query sees all the given K/V: no mask.
-            x, _, _ = layer(x, None, None, shared_kv=shared_kv[layer_type], offset=offset)
+            # A single query sees all the K/V it is given, or all its mask leaves.
+            x, _, _ = layer(x, masks.get(layer_type), None, shared_kv=shared_kv[layer_type], offset=offset)
         h = self.model.norm(x)
         return h, self.post_projection(h)
+
+    @property
+    def sliding_span(self) -> int:
+        """Positions a sliding layer reads: its own window (transformers' bidirectional window
+        mask), which may be shorter than the target's."""
+        return self.config.text.sliding_window + 1
 
     def _visible(self, shared_kv: Dict[str, Tuple[mx.array, mx.array]]) -> Dict[str, Tuple[mx.array, mx.array]]:
         """The drafter's sliding layers see the last `sliding_window + 1` positions, its own
         window (transformers' bidirectional window mask), which may be shorter than the target's."""
-        span = self.config.text.sliding_window + 1
+        span = self.sliding_span
         keys, values = shared_kv[SLIDING]
         if keys.shape[-2] <= span:
             return shared_kv

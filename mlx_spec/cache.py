@@ -90,13 +90,14 @@ class SlidingWindowCache:
         k = mx.arange(first, last_query + 1)[None]
         return (k <= q) & (k > q - window)
 
-    def draft_view(self):
-        """Keys and values of the last `draft_span` written positions, oldest first.
+    def draft_range(self) -> tuple:
+        """Buffer slots [lo, hi) of the last `draft_span` written positions, oldest first: what
+        the MTP drafter's sliding layers attend to (bidirectionally)."""
+        return max(self.start, self.offset - self.draft_span) - self.start, self.offset - self.start
 
-        This is what the MTP drafter's sliding layers attend to (bidirectionally, no mask).
-        """
-        lo = max(self.start, self.offset - self.draft_span) - self.start
-        hi = self.offset - self.start
+    def draft_view(self):
+        """Keys and values of `draft_range`."""
+        lo, hi = self.draft_range()
         return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
 
     def snapshot(self) -> tuple:

@@ -10,13 +10,15 @@ the device (`Start.ahead`).
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+import time
+
 import mlx.core as mx
 
 from .drafters import Draft, DraftContext, Drafter
-from .reports import report_arrays
-from .sampling import SamplingSettings, SettingsError, accept_by_match, accept_by_ratio, distribution
+from .sampling import SamplingSettings, SettingsError
 from .sequence import SequenceState
 from .target import Target
+from .verify import Verifier
 
 
 @dataclass
@@ -27,6 +29,10 @@ class Cycle:
     tokens: mx.array  # [g + 1]: the first kept + 1 are the output
     hidden: mx.array  # [1, g + 1, H]
     reports: Dict[str, mx.array]
+    # Host time the loop has spent on this cycle: building, launching and waiting for it. This,
+    # not the time between two settled cycles, is what it cost: a launch on a CPU runs most of
+    # the cycle at once, and a cycle launched ahead runs inside the previous one's interval.
+    seconds: float = 0.0
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
@@ -58,11 +64,13 @@ class Start:
 
 class CycleBuilder:
     def __init__(self, target: Target, settings: SamplingSettings, uniforms: dict, report: bool):
-        self.target, self.settings, self.uniforms, self.report = target, settings, uniforms, report
+        self.target, self.settings, self.uniforms = target, settings, uniforms
+        self.verifier = Verifier(settings, report)
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
         target's caches must hold everything before `start.last`."""
+        began = time.perf_counter()
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
         draft = self._draft(state, start, g, drafter) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
@@ -72,28 +80,26 @@ class CycleBuilder:
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target(inputs, state.cache)
-        dist = distribution(logits[0], self.settings)
         t0, uniforms = start.generated, self.uniforms
         if draft.q is None:
-            kept, tokens = accept_by_match(dist, draft.tokens, uniforms["target"].take(t0, g + 1))
+            kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms["target"].take(t0, g + 1))
         else:
-            kept, tokens = accept_by_ratio(
-                dist,
+            kept, tokens, reports = self.verifier.by_ratio(
+                logits[0],
                 draft.tokens,
                 draft.q,
                 uniforms["accept"].take(t0, g)[:, 0],
                 uniforms["residual"].take(t0, g),
                 uniforms["target"].take(t0 + g, 1)[0],
             )
-        reports = report_arrays(logits[0], dist, tokens) if self.report else {}
-        return Cycle(g, draft.source, kept, tokens, hidden, reports)
+        return Cycle(g, draft.source, kept, tokens, hidden, reports, seconds=time.perf_counter() - began)
 
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> Draft:
         context = DraftContext(
             tokens=state.tokens,
             last_token=start.last,
             hidden=start.hidden,
-            shared_kv=self.target.drafter_kv(state.cache),
+            kv=self.target.drafter_buffers(state.cache),
             settings=self.settings,
             uniforms=self.uniforms["draft"].take(start.generated, g),
             length=start.length,

@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from .assistant import Assistant
 from .sampling import SamplingSettings, distribution
-from .target import Target
+from .target import FULL, SLIDING, SharedKV, Target
 
 
 @dataclass
@@ -25,13 +25,18 @@ class DraftContext:
     tokens: List[int]  # every settled token, prompt included; the last is not yet in the caches
     last_token: mx.array  # [1, 1], the last settled token (may be lazy)
     hidden: mx.array  # [1, 1, H], the target's final hidden state at the position before it
-    shared_kv: Dict[str, Tuple[mx.array, mx.array]]  # the target's K/V (see Target.drafter_kv)
+    kv: Dict[str, SharedKV]  # the target's K/V (see Target.drafter_buffers)
     settings: SamplingSettings
     uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
     # Settled tokens, when the last of them are still on the device (a cycle built ahead):
     # `tokens` then holds only the first ones. Drafters that read token values (reads_tokens)
     # are never asked to draft ahead.
     length: Optional[int] = None
+
+    @property
+    def shared_kv(self) -> Dict[str, Tuple[mx.array, mx.array]]:
+        """The K/V to read, sliced out of the buffers (see Target.drafter_kv)."""
+        return {kind: kv.view() for kind, kv in self.kv.items()}
 
     @property
     def position(self) -> int:
@@ -76,24 +81,53 @@ class MTPDrafter:
         self.target = target
         self.sample = sample
         self.position_offset = position_offset
+        self._steps = {}  # compiled draft steps, by sampling settings (None: argmax)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         sampled = self.sample and not context.settings.greedy
+        step = self._step(context.settings if sampled else None)
         token, hidden = context.last_token, context.hidden
         position = mx.array(context.position + self.position_offset)
+        # The K/V stay the same for every step of the round: their masks are built once.
+        sliding, full = context.kv[SLIDING].last(self.assistant.sliding_span), context.kv[FULL]
+        kv = (sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask())
         guesses, qs = [], []
         for i in range(g):
-            h, hidden = self.assistant.step(self.target.embed(token), hidden, context.shared_kv, position)
             if sampled:
-                dist = distribution(self.assistant.full_logits(h)[0, 0], context.settings)
-                token = dist.sample(context.uniforms[i])
-                qs.append(dist.dense(self.assistant.vocab_size))
-                token = token.reshape(1, 1)
+                token, hidden, q = step(token, hidden, *kv, position, context.uniforms[i])
+                qs.append(q)
             else:
-                token = self.assistant.greedy_token(h)
+                token, hidden = step(token, hidden, *kv, position)
             guesses.append(token.reshape(1))
         tokens = mx.concatenate(guesses).astype(mx.int32) if guesses else mx.zeros((0,), mx.int32)
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp")
+
+    def _step(self, settings: Optional[SamplingSettings]):
+        """One draft step as a compiled function: a few fused kernels instead of hundreds of
+        primitives, and a few microseconds of host time instead of a Python trace. Its inputs
+        keep their shapes from cycle to cycle (whole cache buffers, masked), so it is traced
+        again only when a cache grows its buffer."""
+        if settings not in self._steps:
+            self._steps[settings] = mx.compile(self._sampled_step(settings) if settings else self._argmax_step)
+        return self._steps[settings]
+
+    def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):
+        kv, masks = {SLIDING: (ks, vs), FULL: (kf, vf)}, {SLIDING: ms, FULL: mf}
+        return self.assistant.step(self.target.embed(token), hidden, kv, position, masks)
+
+    def _argmax_step(self, token, hidden, *kv_and_position):
+        h, hidden = self._layers(token, hidden, *kv_and_position)
+        # int32, as the first step's input token: one trace serves every step.
+        return self.assistant.greedy_token(h).astype(mx.int32), hidden
+
+    def _sampled_step(self, settings: SamplingSettings):
+        def step(token, hidden, ks, vs, ms, kf, vf, mf, position, uniforms):
+            h, hidden = self._layers(token, hidden, ks, vs, ms, kf, vf, mf, position)
+            dist = distribution(self.assistant.full_logits(h)[0, 0], settings)
+            token = dist.sample(uniforms).reshape(1, 1).astype(mx.int32)
+            return token, hidden, dist.dense(self.assistant.vocab_size)
+
+        return step
 
 
 class PromptLookup:

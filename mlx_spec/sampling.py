@@ -97,7 +97,7 @@ def distribution(logits: mx.array, settings: SamplingSettings) -> Distribution:
     """The sampling distribution of `logits` [..., V] under `settings`."""
     logits = logits.astype(mx.float32)
     if settings.greedy:
-        ids = mx.argmax(logits, axis=-1)[..., None]
+        ids = mx.argmax(logits, axis=-1)[..., None].astype(mx.int32)
         ones = mx.ones(ids.shape, dtype=mx.float32)
         return Distribution(ids, ones, mx.ones(ids.shape[:-1], dtype=mx.int32))
     scaled = logits / settings.temperature

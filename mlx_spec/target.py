@@ -6,6 +6,7 @@ the scaled input embedding the drafter needs, our trimmable caches, and access t
 last non-shared sliding and full layers, which the MTP drafter reads instead of a cache of its own.
 """
 
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import mlx.core as mx
@@ -38,6 +39,31 @@ def kv_heads(args) -> Dict[str, int]:
     if args.attention_k_eq_v and args.num_global_key_value_heads is not None:
         full = args.num_global_key_value_heads
     return {SLIDING: args.num_key_value_heads, FULL: full}
+
+
+@dataclass
+class SharedKV:
+    """One attention type's K/V as the drafter reads it: the cache's whole buffer and the range
+    of buffer slots that hold settled positions. The buffer's shape changes only when the cache
+    grows it (every few hundred tokens), so a compiled draft step masks the range instead of
+    slicing it and is not traced again for every new context length."""
+
+    keys: mx.array  # [B, H, capacity, D]
+    values: mx.array
+    lo: int  # first slot read
+    hi: int  # one past the last
+
+    def view(self) -> Tuple[mx.array, mx.array]:
+        return self.keys[..., self.lo : self.hi, :], self.values[..., self.lo : self.hi, :]
+
+    def last(self, span: int) -> "SharedKV":
+        """The newest `span` positions of this range."""
+        return SharedKV(self.keys, self.values, max(self.lo, self.hi - span), self.hi)
+
+    def mask(self) -> mx.array:
+        """[1, 1, 1, capacity], True where a slot is read (an attention mask for one query)."""
+        slots = mx.arange(self.keys.shape[-2])
+        return ((slots >= self.lo) & (slots < self.hi))[None, None, None]
 
 
 class Target:
@@ -97,7 +123,7 @@ class Target:
         """The scaled input embedding, as the target's first layer sees it."""
         return self.text_model.embed_tokens(tokens) * self.text_model.embed_scale
 
-    def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
+    def drafter_buffers(self, cache: list) -> Dict[str, SharedKV]:
         """K/V the MTP drafter attends to: the last window + 1 positions of the sliding source
         layer and every position of the full source layer, all settled (no rejected guesses,
         as long as the caches were trimmed first)."""
@@ -105,10 +131,12 @@ class Target:
         full = cache[self.kv_layers[FULL]]
         if full.keys is None:
             raise ValueError("the target has processed no tokens yet: prefill first")
-        return {
-            SLIDING: sliding.draft_view(),
-            FULL: (full.keys[..., : full.offset, :], full.values[..., : full.offset, :]),
-        }
+        return {SLIDING: SharedKV(sliding.keys, sliding.values, *sliding.draft_range()),
+                FULL: SharedKV(full.keys, full.values, 0, full.offset)}
+
+    def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
+        """`drafter_buffers` as sliced (keys, values), oldest position first."""
+        return {kind: kv.view() for kind, kv in self.drafter_buffers(cache).items()}
 
 
 def trim_cache(cache: list, n: int) -> None:

@@ -134,7 +134,9 @@ def test_overhead(tiny_models, tmp_path):
     _, positions = run_script("positions", *tiny_models, "--contexts", "16", "--repeats", "1", tmp_path=tmp_path)
     stdout, data = run_script("overhead", "--repeats", "1", "--positions", str(tmp_path / "positions.json"), tmp_path=tmp_path)
     assert sorted(int(g) for g in data["build_ms"]) == list(range(9)) and data["mlx_lm_build_ms"] > 0
-    assert data["nodes"]["target pass"] > data["nodes"]["draft step"] > 0
+    nodes = data["nodes"]
+    assert nodes["target pass"] > nodes["draft step, plain"] > nodes["draft step, compiled"] > 0
+    assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
     assert [row["case"] for row in data["predicted"]][:2] == ["acceptance 0, g = 0", "acceptance 1, g = 6"]
     assert "pipelined tok/s" in stdout
 

@@ -1,0 +1,120 @@
+"""The compiled parts of a cycle compute what the plain Python-built graphs compute, and are not
+traced again as the context grows.
+
+The loop's draft step reads whole cache buffers through masks (so that its compiled graph keeps
+its input shapes from cycle to cycle); the reference here is `Assistant.step` on exactly the
+positions to read, which `test_parity` checks against transformers."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import tiny
+from mlx_spec.drafters import DraftContext, MTPDrafter
+from mlx_spec.loading import load_drafter, load_target
+from mlx_spec.reports import report_arrays
+from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution, uniform_streams
+from mlx_spec.target import prefill
+from mlx_spec.verify import Verifier
+
+GEMMA = SamplingSettings.named("gemma")
+STEPS = 5
+
+
+def plain_draft(assistant, target, context, steps, settings=None):
+    """Draft steps by `Assistant.step` over sliced K/V: guesses, hidden states and q."""
+    token, hidden, out = context.last_token, context.hidden, []
+    for i in range(steps):
+        h, hidden = assistant.step(target.embed(token), hidden, context.shared_kv, mx.array(context.position))
+        if settings is None:
+            token, q = assistant.greedy_token(h), None
+        else:
+            dist = distribution(assistant.full_logits(h)[0, 0], settings)
+            token, q = dist.sample(context.uniforms[i]).reshape(1, 1), dist.dense(assistant.vocab_size)
+        out.append((token.item(), np.array(hidden), None if q is None else np.array(q)))
+    return out
+
+
+def context_after(target, ids, settings, uniforms):
+    cache = target.make_cache()
+    hidden = prefill(target, mx.array([ids[:-1]]), cache, chunk=tiny.WINDOW + 1)
+    return DraftContext(ids, mx.array([ids[-1:]]), hidden, target.drafter_buffers(cache), settings, uniforms)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_compiled_draft_steps_equal_plain_ones(checkpoints, ordered, sampled):
+    """Contexts before the sliding window fills, just past it, and after the full cache has grown
+    its buffer: the same guesses, next hidden states and (sampling) q as the plain step."""
+    target, _ = load_target(str(checkpoints["text"]))
+    assistant, _ = load_drafter(str(checkpoints["assistant" if ordered else "assistant_plain"]))
+    settings = GEMMA if sampled else SamplingSettings()
+    drafter = MTPDrafter(assistant, target, sample=sampled)
+    uniforms = mx.random.uniform(shape=(STEPS, 2), key=mx.random.key(3))
+    for length in (tiny.WINDOW - 4, tiny.WINDOW + 2, 300):
+        ids = np.random.RandomState(length).randint(0, tiny.VOCAB, size=length).tolist()
+        context = context_after(target, ids, settings, uniforms)
+        full = context.kv["full_attention"]
+        assert full.hi < full.keys.shape[-2] or length < 300  # masked slots are really there
+        expected = plain_draft(assistant, target, context, STEPS, settings if sampled else None)
+        draft = drafter.draft(context, STEPS)
+        assert draft.tokens.tolist() == [t for t, _, _ in expected]
+        if sampled:
+            assert np.abs(np.array(draft.q) - np.stack([q for _, _, q in expected])).max() <= 1e-5
+
+
+def test_the_draft_step_is_traced_again_only_when_a_buffer_grows(engine, monkeypatch):
+    """Generating far past the window and past several buffer growths of the full cache (256
+    positions each), the compiled draft step is traced once per buffer shape, not per token."""
+    traces = []
+    traced = MTPDrafter._argmax_step
+
+    def counting(self, *args):
+        traces.append(tuple(a.shape for a in args[2:8]))
+        return traced(self, *args)
+
+    monkeypatch.setattr(MTPDrafter, "_argmax_step", counting)
+    drafter = MTPDrafter(engine.mtp_drafter.assistant, engine.target)
+    decoder = engine.decoder(drafter=drafter, draft_tokens=3)
+    from mlx_spec.sequence import SequenceState
+
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, list(range(1, 40)))
+    for _ in decoder.generate(state, 600):
+        pass
+    shapes = set(traces)
+    assert decoder.stats.cycles > 100
+    assert len(traces) == len(shapes)  # never traced twice for the same shapes
+    assert len(shapes) <= 5
+
+
+@pytest.mark.parametrize("settings", [SamplingSettings(), GEMMA, SamplingSettings(0.7, 0, 0.5)])
+@pytest.mark.parametrize("g", [0, 1, 6])
+def test_compiled_verification_equals_plain(settings, g):
+    """Acceptance (both rules) and every report figure, against the uncompiled functions."""
+    rng = np.random.RandomState(g)
+    logits = mx.array(rng.normal(size=(g + 1, tiny.VOCAB)).astype(np.float32) * 3)
+    guesses = mx.array(rng.randint(0, tiny.VOCAB, size=g).astype(np.int32))
+    streams = uniform_streams(5)
+    uniforms = streams["target"].take(0, g + 1)
+    dist = distribution(logits, settings)
+    kept, tokens = accept_by_match(dist, guesses, uniforms)
+    expected = {"kept": kept, "tokens": tokens, **report_arrays(logits, dist, tokens)}
+    kept, tokens, reports = Verifier(settings, True).by_match(logits, guesses, uniforms)
+    assert_same(expected, {"kept": kept, "tokens": tokens, **reports})
+
+    assert Verifier(settings, False).by_match(logits, guesses, uniforms)[2] == {}
+    if g == 0:
+        return  # no guesses, no q: the loop verifies by match
+    q = mx.softmax(mx.array(rng.normal(size=(g, tiny.VOCAB)).astype(np.float32)), axis=-1)
+    ratio = (guesses, q, streams["accept"].take(0, g)[:, 0], streams["residual"].take(0, g), uniforms[-1])
+    kept, tokens = accept_by_ratio(dist, *ratio)
+    expected = {"kept": kept, "tokens": tokens, **report_arrays(logits, dist, tokens)}
+    kept, tokens, reports = Verifier(settings, True).by_ratio(logits, *ratio)
+    assert_same(expected, {"kept": kept, "tokens": tokens, **reports})
+
+
+def assert_same(expected, got):
+    assert expected.keys() == got.keys()
+    for name, value in expected.items():
+        assert np.allclose(np.array(value), np.array(got[name]), rtol=1e-6, atol=1e-7), name
