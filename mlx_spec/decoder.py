@@ -140,7 +140,7 @@ class Decoder:
         """
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
-        start = last_settled = time.perf_counter()
+        start = time.perf_counter()
         produced, pending, current, ahead = 0, _Pending(), None, None
         self._synced_at = None
         try:
@@ -158,6 +158,7 @@ class Decoder:
                 hit = ahead is not None and len(tokens) == ahead.settles and not stop
                 if ahead is not None and not hit:
                     self._undo(state, ahead)
+                    current.seconds += ahead.cycle.seconds  # built for nothing: this cycle's cost
                     ahead = None
                 elif hit and ahead.snapshot is not None:
                     ahead.snapshot = None
@@ -169,9 +170,7 @@ class Decoder:
                 reports = self._settle(state, current, tokens, kept, fetched, trimmed=hit)
                 pending = _Pending(reports, hidden_before, current.hidden)
                 produced += len(reports)
-                now = time.perf_counter()
-                self.estimates.observe(current.g, min(kept, len(tokens)), now - last_settled)
-                last_settled = now
+                self.estimates.observe(current.g, min(kept, len(tokens)), current.seconds)
                 current, ahead = (ahead.cycle if hit else None), None
                 if stop:
                     break
@@ -242,14 +241,19 @@ class Decoder:
         if self._synced_at is not None:  # the host work between the last sync and this launch
             self.stats.exposed_host_seconds += time.perf_counter() - self._synced_at
             self._synced_at = None
+        began = time.perf_counter()
         mx.async_eval(cycle.arrays())
+        cycle.seconds += time.perf_counter() - began
 
     def _sync(self, cycle: Cycle, budget: int, launched_next: bool):
         """The cycle's one host synchronisation: its output tokens (cut at a stop token and at
         `budget`), how many guesses were kept, and the report figures."""
+        began = time.perf_counter()
         mx.eval(cycle.arrays())
         self.stats.host_syncs += 1
-        self._synced_at = None if launched_next else time.perf_counter()
+        synced = time.perf_counter()
+        cycle.seconds += synced - began
+        self._synced_at = None if launched_next else synced
         kept = cycle.kept.item()
         tokens = cycle.tokens.tolist()[: kept + 1][:budget]
         for i, token in enumerate(tokens):
