@@ -28,18 +28,28 @@ class AdaptiveDraftLength:
         # g of the probe in progress (0: none). The first cycles are a probe: a short draft,
         # four times as long each time all its guesses are kept, until one misses.
         self.probe = min(first_probe, max_g)
+        # Whether the probe was handed out and has not been observed yet: the loop chooses the
+        # next cycle's length while the current one runs, and must not probe twice for one.
+        self.probe_out = False
         self.chosen: Dict[int, int] = {}
 
     def choose(self, budget: int) -> int:
         """g for the next cycle, at most budget - 1 (a cycle settles up to g + 1 tokens)."""
         limit = max(0, min(self.max_g, budget - 1))
-        if self.probe or self.plain_streak >= self.probe_every():
+        probing = not self.probe_out and (self.probe or self.plain_streak >= self.probe_every())
+        if probing:
             g = self.probe = self.probe or self.probe_g
         else:
             g = max(range(limit + 1), key=lambda n: self.expected_tokens(n) / self.cycle_seconds(n))
         g = min(g, limit)
+        self.probe_out = self.probe_out or (probing and g > 0)
         self.chosen[g] = self.chosen.get(g, 0) + 1
         return g
+
+    def withdraw(self) -> None:
+        """The cycle last chosen for was thrown away unrun: a probe handed out for it is handed
+        out again."""
+        self.probe_out = False
 
     def observe(self, g: int, kept: int, seconds: float) -> None:
         """A settled cycle: g guesses, the first `kept` of them kept, in `seconds`."""
@@ -52,6 +62,7 @@ class AdaptiveDraftLength:
             self.acceptance[i] = self._average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], weight)
         # A probe that kept everything is followed by a longer one; a miss ends probing.
         self.probe = min(4 * g, self.max_g) if probing and kept == g and g < self.max_g else 0
+        self.probe_out = self.probe_out and g == 0
         self.timed[g] = self.timed.get(g, 0) + 1
         self.seconds[g] = self._average(self.seconds.get(g, 0.0), seconds, self.timed[g])
 

@@ -180,6 +180,7 @@ class Decoder:
             # hold exactly the tokens handed over: drop the rest, and every queued position.
             if ahead is not None and ahead.snapshot is not None:
                 restore_caches(state.cache, ahead.snapshot)
+            self._withdraw()  # a probe chosen for a cycle that never settled is still to come
             self._unsettle(state, pending)
             excess = state.cached - (len(state.tokens) - 1)
             if excess > 0:
@@ -217,6 +218,7 @@ class Decoder:
         g = self._choose_g(budget - settles)
         drafter = ahead_drafter(self.drafter, running.source) if g > 0 else None
         if g > 0 and drafter is None:
+            self._withdraw()
             return None  # the drafter needs the tokens on the host: the cycle waits for them
         # A certain outcome is launched at once; only an uncertain one may have to be undone.
         snapshot = None if certain else snapshot_caches(state.cache)
@@ -230,8 +232,13 @@ class Decoder:
             raise
         return _Ahead(cycle, settles, snapshot)
 
+    def _withdraw(self) -> None:
+        if self.policy is not None:
+            self.policy.withdraw()
+
     def _undo(self, state: SequenceState, ahead: _Ahead) -> None:
         """The running cycle settled otherwise than assumed: drop the cycle built ahead."""
+        self._withdraw()
         if ahead.snapshot is not None:
             restore_caches(state.cache, ahead.snapshot)
         else:  # launched already (its outcome was certain but a stop token came): trim it

@@ -52,6 +52,21 @@ def test_policy_drafts_again_when_content_becomes_predictable():
     assert late > 0.7 * sum(policy.chosen.values())
 
 
+def test_a_probe_is_handed_out_once_until_it_settles_or_is_withdrawn():
+    """The loop chooses the next cycle's length while the current one runs: a probe must not be
+    handed out again for that next cycle, and one thrown away unrun must come again."""
+    policy = AdaptiveDraftLength(8)
+    simulate(policy, acceptance=0.0, cycles=100)  # drafting has stopped; probes come now and then
+    while policy.choose(budget=100) == 0:
+        policy.observe(0, 0, 1.0)
+    assert policy.choose(budget=100) == 0  # chosen while the probe runs: no second probe
+    policy.withdraw()  # the probe's cycle was thrown away before it ran
+    assert policy.choose(budget=100) == policy.probe_g
+    policy.observe(policy.probe_g, 0, 1.3)
+    policy.observe(0, 0, 1.0)
+    assert policy.choose(budget=100) == 0  # the probe settled: the next one waits its turn
+
+
 def test_policy_respects_the_budget():
     policy = AdaptiveDraftLength(8)
     assert all(policy.choose(budget=3) <= 2 for _ in range(20))
