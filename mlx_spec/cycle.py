@@ -65,7 +65,7 @@ class Start:
 class CycleBuilder:
     def __init__(self, target: Target, settings: SamplingSettings, uniforms: dict, report: bool):
         self.target, self.settings, self.uniforms = target, settings, uniforms
-        self.verifier = Verifier(settings, report)
+        self.verifier = Verifier.shared(settings, report)
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The

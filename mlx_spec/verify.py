@@ -18,6 +18,17 @@ REPORT_KEYS = ("prob", "rank", "sampling_prob", "candidates", "top_ids", "top_pr
 
 
 class Verifier:
+    _shared: Dict[tuple, "Verifier"] = {}
+
+    @classmethod
+    def shared(cls, settings: SamplingSettings, report: bool) -> "Verifier":
+        """One verifier per sampling settings (the seed aside: uniforms are inputs), shared by
+        every decoder, so that a new decoder does not trace its graphs again."""
+        key = (settings.temperature, settings.top_k, settings.top_p, report)
+        if key not in cls._shared:
+            cls._shared[key] = cls(SamplingSettings(*key[:3]), report)
+        return cls._shared[key]
+
     def __init__(self, settings: SamplingSettings, report: bool):
         self.settings, self.report = settings, report
         self._match = mx.compile(self._match_graph)
