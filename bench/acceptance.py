@@ -1,6 +1,8 @@
 """The seed's acceptance table: four workloads (and a copy), with Gemma's default sampling and
 greedy; tok/s without MTP, with MTP (6 guesses, as the seed), guesses kept, speed-up, mlx-spec's
 default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same prompt as the anchor.
+The loop efficiency of the g = 6 run: its cycles' device time, each measured alone, over its
+wall time (1.0: the device never waited for the host).
 
     python bench/acceptance.py --model e4b   # any size by name (e2b, e4b, 26b-a4b, 31b) with its assistant
     python bench/acceptance.py --model mlx-community/gemma-4-e2b-it-4bit \
@@ -9,7 +11,8 @@ default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same pro
 """
 
 from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, TEMPLATE, agreement, first_difference, run_mlx_lm, run_ours, warm_up, workloads
+from runs import (SAMPLING, TEMPLATE, agreement, first_difference, loop_efficiency, run_mlx_lm, run_ours, warm_up,
+                  workloads)
 
 # The seed's table: transformers on an Apple M5 (DESIGN.md section 7).
 SEED = {
@@ -56,18 +59,20 @@ def main():
             # the common length then, and the column says so.
             like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
             speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
+            efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter)
             seed = SEED.get(name, ("", "", ""))
             rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
-                         f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{default['tps']:.1f}",
+                         f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",
                          f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm, *seed])
             strip = lambda r: {k: v for k, v in r.items() if k != "tokens"}  # noqa: E731
             results["runs"].append({"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
                                     "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
                                     "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
+                                    "loop_efficiency": efficiency,
                                     "same_tokens": same, "same_as_mlx_lm": like_mlx_lm})
         print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
         print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP (g=6) tok/s",
-                        "guesses kept", "speed-up", "default tok/s", "default speed-up", "MTP on = off",
+                        "guesses kept", "speed-up", "loop efficiency", "default tok/s", "default speed-up", "MTP on = off",
                         "off = mlx-lm",
                         "seed off", "seed on", "seed kept"], rows))
         print()

@@ -22,7 +22,7 @@ def main():
     parser.add_argument("--draft-tokens", type=int, default=6)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--trials", type=int, default=3, help="interleaved rounds for the bars")
+    parser.add_argument("--trials", type=int, default=5, help="interleaved rounds for the bars")
     args = parser.parse_args()
     loaded = build_engine(args)
     # The reference continuation runs the full length: stop tokens would end it (and every

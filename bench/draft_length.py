@@ -1,5 +1,6 @@
 """The best draft length is measured, not guessed: for g = 0..8, tok/s, acceptance, R_g, C_g and
-the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured), per workload.
+the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the loop efficiency
+(the cycles' device time measured alone / wall time), per workload.
 
     python bench/draft_length.py --model mlx-community/gemma-4-e2b-it-4bit \
         --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
@@ -7,7 +8,7 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured), per wo
 """
 
 from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, TEMPLATE, cost_ratios, run_ours, warm_up, workloads
+from runs import SAMPLING, TEMPLATE, cost_ratios, loop_efficiency, run_ours, warm_up, workloads
 
 
 def main():
@@ -35,15 +36,17 @@ def main():
             r, c = ratios[g]["R"], ratios[g]["C"]
             predicted = run["tokens_per_cycle"] / (r + c)
             acceptance = run["kept"] / run["drafted"] if run["drafted"] else 0.0
+            efficiency = loop_efficiency(engine, prompt, run, engine.mtp_drafter)
             entry = {"g": g, "tps": run["tps"], "acceptance": acceptance, "tokens_per_cycle": run["tokens_per_cycle"],
-                     "R": r, "C": c, "predicted_speedup": predicted, "measured_speedup": run["tps"] / base if base else 0.0}
+                     "R": r, "C": c, "predicted_speedup": predicted, "measured_speedup": run["tps"] / base if base else 0.0,
+                     "loop_efficiency": efficiency}
             entries.append(entry)
             rows.append([g, f"{run['tps']:.1f}", f"{100 * acceptance:.0f}%", f"{run['tokens_per_cycle']:.2f}",
-                         f"{r:.2f}", f"{c:.2f}", f"{predicted:.2f}x", f"{entry['measured_speedup']:.2f}x"])
+                         f"{r:.2f}", f"{c:.2f}", f"{predicted:.2f}x", f"{entry['measured_speedup']:.2f}x", f"{efficiency:.2f}"])
         best = max(entries, key=lambda e: e["tps"])
         results["workloads"].append({"workload": name, "one_position_ms": one_ms, "by_g": entries, "best_g": best["g"]})
         print(f"### {name} (one target position: {one_ms:.2f} ms)\n")
-        print(markdown(["g", "tok/s", "acceptance", "tokens/cycle", "R_g", "C_g", "predicted E/(R+C)", "measured"], rows))
+        print(markdown(["g", "tok/s", "acceptance", "tokens/cycle", "R_g", "C_g", "predicted E/(R+C)", "measured", "loop efficiency"], rows))
         print(f"\nBest g: {best['g']} ({best['tps']:.1f} tok/s)\n")
     print(f"JSON: {write_json('draft_length', args, results)}")
 

@@ -175,6 +175,13 @@ def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
     return sorted(times[2:])[len(times[2:]) // 2]
 
 
+def loop_efficiency(engine, prompt, run: dict, drafter, repeats: int = 3) -> float:
+    """The device time of a run's cycles, each measured alone for its g (`device_ms`), over the
+    run's wall time: 1.0 when the device never waits for the host."""
+    alone = sum(n * device_ms(engine, prompt, drafter if g else None, g, repeats) for g, n in run["cycles_by_g"].items())
+    return alone / (run["ms_per_cycle"] * run["cycles"]) if run["cycles"] else 0.0
+
+
 def agreement(ours, theirs) -> str:
     """'yes' / 'no', over the common length when the runs stopped at different lengths (one
     stopped at a token the other does not stop at), and saying so."""
