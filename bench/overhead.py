@@ -133,6 +133,22 @@ def node_counts(g: int) -> dict:
     return counts
 
 
+def queued_share(ops: int = 3000) -> float:
+    """The share of a graph's time spent inside `mx.async_eval`, before it returns: near 0 where
+    queueing is asynchronous (Metal), so the host can build the next cycle while the device
+    works; near 1 where the backend runs the graph while queueing it (MLX's CPU backend), so no
+    build can overlap the work."""
+    x = mx.ones((4, 4))
+    mx.eval(x)
+    for _ in range(ops):
+        x = x * 1.0001 + 0.0001
+    start = time.perf_counter()
+    mx.async_eval(x)
+    queued = time.perf_counter()
+    mx.eval(x)
+    return (queued - start) / (time.perf_counter() - start)
+
+
 def main():
     parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=256)
@@ -151,11 +167,15 @@ def main():
     lm_ms = mlx_lm_build_ms(target, args.context, args.repeats)
     print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()]
                    + [["6, reports off", f"{reports_off:.2f}"], ["mlx-lm token", f"{lm_ms:.2f}"]]))
+    share = queued_share()
+    print(f"\nShare of a graph's time spent before mx.async_eval returns: {100 * share:.0f}% (near 0 on Metal;"
+          " near 100%, the host cannot build ahead while the device works)")
     counts = node_counts(6)
     print("\nGraph nodes (primitives, one kernel launch each), E2B structure. On a CPU, MLX's fused kernels")
     print(f"(RMS norm, RoPE, attention) appear as their fallbacks' many nodes; on Metal each is one. Here: {info['device']}\n")
     print(markdown(["graph", "nodes"], [[k, v] for k, v in counts.items()]))
     results = {"machine": info, "context": args.context, "build_ms": build, "build_ms_reports_off": reports_off,
+               "queued_share": share,
                "mlx_lm_build_ms": lm_ms, "nodes": counts}
     if args.positions:
         results["predicted"] = predict(json.loads(open(args.positions).read()), build, lm_ms)

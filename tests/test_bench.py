@@ -136,6 +136,7 @@ def test_overhead(tiny_models, tmp_path):
     _, positions = run_script("positions", *tiny_models, "--contexts", "16", "--repeats", "1", tmp_path=tmp_path)
     stdout, data = run_script("overhead", "--repeats", "1", "--positions", str(tmp_path / "positions.json"), tmp_path=tmp_path)
     assert sorted(int(g) for g in data["build_ms"]) == list(range(9)) and data["mlx_lm_build_ms"] > 0
+    assert 0 <= data["queued_share"] <= 1
     nodes = data["nodes"]
     assert nodes["target pass"] > nodes["draft step, plain"] > nodes["draft step, compiled"] > 0
     assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
