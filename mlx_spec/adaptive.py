@@ -11,7 +11,7 @@ times as long (up to max_g), so that a run where everything is kept reaches its 
 two cycles.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 class AdaptiveDraftLength:
@@ -51,18 +51,22 @@ class AdaptiveDraftLength:
         out again."""
         self.probe_out = False
 
-    def observe(self, g: int, kept: int, seconds: float) -> None:
-        """A settled cycle: g guesses, the first `kept` of them kept, in `seconds`."""
-        self.plain_streak = self.plain_streak + 1 if g == 0 else 0
-        probing = g > 0 and g == self.probe
+    def observe(self, g: int, kept: int, seconds: float, asked: Optional[int] = None) -> None:
+        """A settled cycle: g guesses, the first `kept` of them kept, in `seconds`. `asked`: the
+        g it was chosen with, when its drafter proposed fewer. A cycle chosen with no guesses
+        leaves a probe that is out alone: the loop chooses a cycle while the one before runs."""
+        asked = g if asked is None else asked
+        self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
+        probing = asked > 0 and asked == self.probe
         for i in range(min(g, kept + 1)):  # guess i was judged: all before it were kept
             self.judged[i] += 1
             # A probe is rare news about content that may have changed: it weighs more.
             weight = 0.3 if probing else None
             self.acceptance[i] = self._average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], weight)
-        # A probe that kept everything is followed by a longer one; a miss ends probing.
-        self.probe = min(4 * g, self.max_g) if probing and kept == g and g < self.max_g else 0
-        self.probe_out = self.probe_out and g == 0
+        if asked > 0:
+            # A probe that kept everything is followed by a longer one; a miss ends probing.
+            self.probe = min(4 * g, self.max_g) if probing and kept == g == asked and g < self.max_g else 0
+            self.probe_out = False
         self.timed[g] = self.timed.get(g, 0) + 1
         self.seconds[g] = self._average(self.seconds.get(g, 0.0), seconds, self.timed[g])
 

@@ -24,6 +24,7 @@ from .verify import Verifier
 @dataclass
 class Cycle:
     g: int  # guesses verified
+    asked: int  # guesses asked for (a drafter may propose fewer)
     source: str  # who made them
     kept: mx.array
     tokens: mx.array  # [g + 1]: the first kept + 1 are the output
@@ -70,7 +71,7 @@ class CycleBuilder:
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
         target's caches must hold everything before `start.last`."""
-        began = time.perf_counter()
+        began, asked = time.perf_counter(), g
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
         draft = self._draft(state, start, g, drafter) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
@@ -92,7 +93,7 @@ class CycleBuilder:
                 uniforms["residual"].take(t0, g),
                 uniforms["target"].take(t0 + g, 1)[0],
             )
-        return Cycle(g, draft.source, kept, tokens, hidden, reports, seconds=time.perf_counter() - began)
+        return Cycle(g, asked, draft.source, kept, tokens, hidden, reports, seconds=time.perf_counter() - began)
 
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> Draft:
         context = DraftContext(

@@ -170,7 +170,7 @@ class Decoder:
                 reports = self._settle(state, current, tokens, kept, fetched, trimmed=hit)
                 pending = _Pending(reports, hidden_before, current.hidden)
                 produced += len(reports)
-                self.estimates.observe(current.g, min(kept, len(tokens)), current.seconds)
+                self.estimates.observe(current.g, min(kept, len(tokens)), current.seconds, asked=current.asked)
                 current, ahead = (ahead.cycle if hit else None), None
                 if stop:
                     break

@@ -66,6 +66,9 @@ def ahead_drafter(drafter: Optional[Drafter], last_source: str) -> Optional[Draf
     return offer(last_source) if offer is not None else None
 
 
+MAX_TRACES = 32  # K/V buffer shapes a drafter's compiled steps are kept for
+
+
 class MTPDrafter:
     """Gemma 4's MTP assistant: g steps at a constant position, reading the target's K/V.
 
@@ -82,15 +85,16 @@ class MTPDrafter:
         self.sample = sample
         self.position_offset = position_offset
         self._steps = {}  # compiled draft steps, by sampling settings (None: argmax)
+        self._shapes = set()  # the K/V buffer shapes they were traced for
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         sampled = self.sample and not context.settings.greedy
-        step = self._step(context.settings if sampled else None)
         token, hidden = context.last_token, context.hidden
         position = mx.array(context.position + self.position_offset)
         # The K/V stay the same for every step of the round: their masks are built once.
         sliding, full = context.kv[SLIDING].last(self.assistant.sliding_span), context.kv[FULL]
         kv = (sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask())
+        step = self._step(context.settings if sampled else None, (sliding.keys.shape, full.keys.shape))
         guesses, qs = [], []
         for i in range(g):
             if sampled:
@@ -102,14 +106,21 @@ class MTPDrafter:
         tokens = mx.concatenate(guesses).astype(mx.int32) if guesses else mx.zeros((0,), mx.int32)
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp")
 
-    def _step(self, settings: Optional[SamplingSettings]):
+    def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
         """One draft step as a compiled function: a few fused kernels instead of hundreds of
         primitives, and a few microseconds of host time instead of a Python trace. Its inputs
         keep their shapes from cycle to cycle (whole cache buffers, masked), so it is traced
-        again only when a cache grows its buffer."""
-        if settings not in self._steps:
-            self._steps[settings] = mx.compile(self._sampled_step(settings) if settings else self._argmax_step)
-        return self._steps[settings]
+        again only when a cache grows its buffer. Every trace is kept, and buffer sizes depend
+        on where each conversation's caches grew: past MAX_TRACES shapes, the compiled steps
+        start afresh, so that a long-running server does not pile them up."""
+        if shapes not in self._shapes and len(self._shapes) >= MAX_TRACES:
+            self._steps, self._shapes = {}, set()
+        self._shapes.add(shapes)
+        # The seed only picks the uniforms, which are inputs: one step serves every seed.
+        key = None if settings is None else (settings.temperature, settings.top_k, settings.top_p)
+        if key not in self._steps:
+            self._steps[key] = mx.compile(self._sampled_step(SamplingSettings(*key)) if key else self._argmax_step)
+        return self._steps[key]
 
     def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):
         kv, masks = {SLIDING: (ks, vs), FULL: (kf, vf)}, {SLIDING: ms, FULL: mf}

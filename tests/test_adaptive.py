@@ -52,19 +52,47 @@ def test_policy_drafts_again_when_content_becomes_predictable():
     assert late > 0.7 * sum(policy.chosen.values())
 
 
-def test_a_probe_is_handed_out_once_until_it_settles_or_is_withdrawn():
-    """The loop chooses the next cycle's length while the current one runs: a probe must not be
-    handed out again for that next cycle, and one thrown away unrun must come again."""
+def stopped_policy():
+    """A policy that has stopped drafting, with its next probe about to be handed out while a
+    plain cycle runs (the loop chooses each cycle while the one before it runs)."""
     policy = AdaptiveDraftLength(8)
-    simulate(policy, acceptance=0.0, cycles=100)  # drafting has stopped; probes come now and then
+    simulate(policy, acceptance=0.0, cycles=100)
     while policy.choose(budget=100) == 0:
         policy.observe(0, 0, 1.0)
+    return policy
+
+
+def test_a_probe_is_handed_out_once_until_it_settles_or_is_withdrawn():
+    policy = stopped_policy()
+    policy.observe(0, 0, 1.0)  # the plain cycle that ran while the probe was chosen
     assert policy.choose(budget=100) == 0  # chosen while the probe runs: no second probe
-    policy.withdraw()  # the probe's cycle was thrown away before it ran
+    policy.withdraw()  # that cycle was thrown away unrun; so was the probe
     assert policy.choose(budget=100) == policy.probe_g
     policy.observe(policy.probe_g, 0, 1.3)
-    policy.observe(0, 0, 1.0)
     assert policy.choose(budget=100) == 0  # the probe settled: the next one waits its turn
+
+
+def test_a_probe_that_keeps_everything_is_followed_by_a_longer_one():
+    """In the loop's order: probe chosen, the plain cycle before it settles, the next cycle
+    chosen while the probe runs, the probe settles."""
+    policy = stopped_policy()
+    policy.observe(0, 0, 1.0)
+    assert policy.choose(budget=100) == 0
+    policy.observe(policy.probe_g, policy.probe_g, 1.3)  # every guess kept
+    assert policy.choose(budget=100) == min(4 * policy.probe_g, 8)
+
+
+def test_a_probe_whose_drafter_proposed_nothing_still_ends():
+    """Prompt lookup may propose no guess: the probe ran with none, and probing goes on later."""
+    policy = stopped_policy()
+    policy.observe(0, 0, 1.0)
+    policy.observe(0, 0, 1.0, asked=policy.probe_g)
+    probes = 0
+    for _ in range(200):
+        g = policy.choose(budget=100)
+        probes += g > 0
+        policy.observe(g, 0, 1.0 + 0.3 * g)
+    assert probes >= 2
 
 
 def test_policy_respects_the_budget():
@@ -116,7 +144,7 @@ def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference, m
     # The policy sees modelled cycle times (a pass 1, each guess 0.05 more), so that its choices
     # do not depend on how busy this machine is; the tokens never depend on them.
     observe = AdaptiveDraftLength.observe
-    monkeypatch.setattr(AdaptiveDraftLength, "observe", lambda self, g, kept, seconds: observe(self, g, kept, 1.0 + 0.05 * g))
+    monkeypatch.setattr(AdaptiveDraftLength, "observe", lambda self, g, kept, seconds, asked=None: observe(self, g, kept, 1.0 + 0.05 * g, asked))
     stats = {}
     for p in (0.0, 0.4, 1.0):  # the probability that a guess is broken
         drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=2)

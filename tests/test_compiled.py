@@ -118,3 +118,23 @@ def assert_same(expected, got):
     assert expected.keys() == got.keys()
     for name, value in expected.items():
         assert np.allclose(np.array(value), np.array(got[name]), rtol=1e-6, atol=1e-7), name
+
+
+def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
+    """Buffer sizes depend on where each conversation's caches grew, so a server sees ever new
+    ones: past MAX_TRACES shapes the compiled steps are dropped and traced again, and the tokens
+    stay the target's."""
+    import mlx_spec.drafters as drafters
+
+    monkeypatch.setattr(drafters, "MAX_TRACES", 1)
+    drafter = MTPDrafter(engine.mtp_drafter.assistant, engine.target)
+    from mlx_spec.sequence import SequenceState
+
+    def tokens(**kwargs):
+        decoder = engine.decoder(**kwargs)
+        state = SequenceState(engine.target)
+        decoder.add_tokens(state, list(range(1, 40)))
+        return [r.token for r in decoder.generate(state, 300)]
+
+    assert tokens(drafter=drafter, draft_tokens=3) == tokens(mtp=False)
+    assert len(drafter._shapes) == 1 and len(drafter._steps) == 1
