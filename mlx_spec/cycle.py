@@ -7,10 +7,9 @@ outcome (how many tokens it settles), with that cycle's last token and hidden st
 the device (`Start.ahead`).
 """
 
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional
-
-import time
 
 import mlx.core as mx
 

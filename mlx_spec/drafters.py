@@ -103,7 +103,7 @@ class MTPDrafter:
             else:
                 token, hidden = step(token, hidden, *kv, position)
             guesses.append(token.reshape(1))
-        tokens = mx.concatenate(guesses).astype(mx.int32) if guesses else mx.zeros((0,), mx.int32)
+        tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp")
 
     def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
@@ -116,10 +116,9 @@ class MTPDrafter:
         if shapes not in self._shapes and len(self._shapes) >= MAX_TRACES:
             self._steps, self._shapes = {}, set()
         self._shapes.add(shapes)
-        # The seed only picks the uniforms, which are inputs: one step serves every seed.
-        key = None if settings is None else (settings.temperature, settings.top_k, settings.top_p)
+        key = None if settings is None else settings.unseeded()
         if key not in self._steps:
-            self._steps[key] = mx.compile(self._sampled_step(SamplingSettings(*key)) if key else self._argmax_step)
+            self._steps[key] = mx.compile(self._sampled_step(key) if key else self._argmax_step)
         return self._steps[key]
 
     def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):

@@ -19,7 +19,7 @@ Acceptance rules (DESIGN.md section 4), both exact:
 
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import mlx.core as mx
@@ -48,6 +48,11 @@ class SamplingSettings:
         object.__setattr__(self, "top_k", int(self.top_k))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
+
+    def unseeded(self) -> "SamplingSettings":
+        """The same settings without the seed: what a compiled graph depends on (the seed only
+        picks the uniforms, which are its inputs)."""
+        return replace(self, seed=None)
 
     @property
     def greedy(self) -> bool:

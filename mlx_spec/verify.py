@@ -7,15 +7,12 @@ a recorded graph. Their shapes depend only on the number of guesses g (and the v
 each is traced once per g and never again as the context grows.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import mlx.core as mx
 
 from .reports import report_arrays
 from .sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
-
-REPORT_KEYS = ("prob", "rank", "sampling_prob", "candidates", "top_ids", "top_probs")
-
 
 class Verifier:
     _shared: Dict[tuple, "Verifier"] = {}
@@ -24,9 +21,9 @@ class Verifier:
     def shared(cls, settings: SamplingSettings, report: bool) -> "Verifier":
         """One verifier per sampling settings (the seed aside: uniforms are inputs), shared by
         every decoder, so that a new decoder does not trace its graphs again."""
-        key = (settings.temperature, settings.top_k, settings.top_p, report)
+        key = (settings.unseeded(), report)
         if key not in cls._shared:
-            cls._shared[key] = cls(SamplingSettings(*key[:3]), report)
+            cls._shared[key] = cls(*key)
         return cls._shared[key]
 
     def __init__(self, settings: SamplingSettings, report: bool):
@@ -37,11 +34,11 @@ class Verifier:
     def by_match(self, logits: mx.array, guesses: mx.array, uniforms: mx.array):
         """(kept, tokens, reports) for deterministic guesses (see `sampling.accept_by_match`).
         logits: [g + 1, V]; guesses: [g]; uniforms: [g + 1, 2]."""
-        return self._unpack(self._match(logits, guesses, uniforms))
+        return self._match(logits, guesses, uniforms)
 
     def by_ratio(self, logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform):
         """(kept, tokens, reports) for guesses sampled from q (see `sampling.accept_by_ratio`)."""
-        return self._unpack(self._ratio(logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform))
+        return self._ratio(logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
 
     def _match_graph(self, logits, guesses, uniforms):
         dist = distribution(logits, self.settings)
@@ -53,11 +50,5 @@ class Verifier:
         kept, tokens = accept_by_ratio(dist, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
         return self._with_reports(logits, dist, kept, tokens)
 
-    def _with_reports(self, logits, dist, kept, tokens):
-        reports = report_arrays(logits, dist, tokens) if self.report else {}
-        return (kept, tokens, *(reports[k] for k in REPORT_KEYS if k in reports))
-
-    @staticmethod
-    def _unpack(outputs) -> Tuple[mx.array, mx.array, Dict[str, mx.array]]:
-        kept, tokens, *figures = outputs
-        return kept, tokens, dict(zip(REPORT_KEYS, figures))
+    def _with_reports(self, logits, dist, kept, tokens) -> Tuple[mx.array, mx.array, Dict[str, mx.array]]:
+        return kept, tokens, report_arrays(logits, dist, tokens) if self.report else {}
