@@ -33,7 +33,7 @@ def time_target(engine, state: SequenceState, n: int, repeats: int) -> float:
     tokens = mx.random.randint(0, engine.target.vocab_size, (1, n))
 
     def one_pass():
-        logits, hidden = engine.target(tokens, state.cache)
+        logits, hidden = engine.target.decode(tokens, state.cache)
         mx.eval(logits, hidden)
         trim_cache(state.cache, n)
 

@@ -134,7 +134,7 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5):
         tokens = mx.array([prompt[-n:]])
 
         def one():
-            mx.eval(engine.target(tokens, state.cache))
+            mx.eval(engine.target.decode(tokens, state.cache))
             trim_cache(state.cache, n)
 
         return median_ms(one, repeats)
@@ -198,6 +198,6 @@ def first_difference(engine, prompt, a, b):
         return None
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt + a[:n])
-    logits, _ = engine.target(mx.array([[state.tokens[-1]]]), state.cache)
+    logits, _ = engine.target.decode(mx.array([[state.tokens[-1]]]), state.cache)
     logits = logits[0, -1].astype(mx.float32)
     return n, (logits[a[n]] - logits[b[n]]).item()

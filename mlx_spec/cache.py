@@ -8,12 +8,14 @@ buffer fills up, the entries still needed are moved to its front (one copy every
 tokens), so memory stays bounded however long the generation runs.
 
 It implements the part of mlx-lm's cache interface that mlx-lm's Gemma 4 attention uses:
-``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``.
+``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``; and, with ``FullCache`` (mlx-lm's
+full-attention cache), the ``reserve`` and ``written`` of the compiled pass (``target_pass``).
 """
 
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 
 class SlidingWindowCache:
@@ -90,6 +92,18 @@ class SlidingWindowCache:
         k = mx.arange(first, last_query + 1)[None]
         return (k <= q) & (k > q - window)
 
+    def reserve(self, n: int) -> None:
+        """Make room in the buffer for `n` more positions (for a pass that writes into the whole
+        buffer: see `target_pass`)."""
+        if self.offset - self.start + n > self.keys.shape[2]:
+            self._make_room(n, self.keys, self.values)
+
+    def written(self, keys: mx.array, values: mx.array, n: int) -> None:
+        """Take the buffers a pass returned, with `n` more positions written at the offset."""
+        self.keys, self.values = keys, values
+        self.offset += n
+        self.furthest = max(self.furthest, self.offset)
+
     def draft_range(self) -> tuple:
         """Buffer slots [lo, hi) of the last `draft_span` written positions, oldest first: what
         the MTP drafter's sliding layers attend to (bidirectionally)."""
@@ -142,6 +156,31 @@ class SlidingWindowCache:
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+class FullCache(KVCache):
+    """mlx-lm's full-attention cache, with the `reserve` and `written` of a pass that writes into
+    the whole buffer (see `target_pass`). Such a pass is compiled for the buffer's shape, so
+    the buffer grows by whole steps of `step` positions, and rarely."""
+
+    step = 512
+    start = 0  # the position held in buffer slot 0 (always the first)
+
+    def reserve(self, n: int) -> None:
+        capacity = self.keys.shape[2]
+        if self.offset + n <= capacity:
+            return
+        grown = -(-(self.offset + n) // self.step) * self.step
+        B, H, _, Dk = self.keys.shape
+        keys = mx.zeros((B, H, grown, Dk), self.keys.dtype)
+        values = mx.zeros((B, H, grown, self.values.shape[3]), self.values.dtype)
+        keys[..., : self.offset, :] = self.keys[..., : self.offset, :]
+        values[..., : self.offset, :] = self.values[..., : self.offset, :]
+        self.keys, self.values = keys, values
+
+    def written(self, keys: mx.array, values: mx.array, n: int) -> None:
+        self.keys, self.values = keys, values
+        self.offset += n
 
 
 def snapshot_caches(caches: list) -> list:

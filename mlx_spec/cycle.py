@@ -79,7 +79,7 @@ class CycleBuilder:
         # embedding row out of bounds.
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
-        logits, hidden = self.target(inputs, state.cache)
+        logits, hidden = self.target.decode(inputs, state.cache)
         t0, uniforms = start.generated, self.uniforms
         if draft.q is None:
             kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms["target"].take(t0, g + 1))

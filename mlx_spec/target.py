@@ -11,10 +11,10 @@ from typing import Dict, List, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
 from mlx_lm.models.gemma4_text import logit_softcap
 
-from .cache import SlidingWindowCache
+from .cache import FullCache, SlidingWindowCache
+from .target_pass import CompiledPass
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -76,6 +76,7 @@ class Target:
         self.text_model = self.lm.model
         self.args = self.lm.args
         self.kv_layers = kv_source_layers(self.args.layer_types, self.args.num_kv_shared_layers)
+        self._compiled_pass = CompiledPass(self)
 
     @property
     def hidden_size(self) -> int:
@@ -96,7 +97,7 @@ class Target:
     def make_cache(self, max_trim: int = 16) -> list:
         """Caches for the layers that compute K/V; the sliding ones can drop `max_trim` entries."""
         return [
-            SlidingWindowCache(self.window, max_trim) if t == SLIDING else KVCache()
+            SlidingWindowCache(self.window, max_trim) if t == SLIDING else FullCache()
             for t in self.args.layer_types[: self.num_cached_layers]
         ]
 
@@ -118,6 +119,13 @@ class Target:
         """Logits and hidden states of every position of `tokens`."""
         hidden = self.hidden(tokens, cache)
         return self.logits(hidden), hidden
+
+    def decode(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+        """`self(tokens, cache)` as the decoding loop runs it: compiled for a few positions at a
+        time (see `target_pass`), plain for anything else (an empty cache, a long input)."""
+        if CompiledPass.applies(tokens, cache):
+            return self._compiled_pass(tokens, cache)
+        return self(tokens, cache)
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The scaled input embedding, as the target's first layer sees it."""

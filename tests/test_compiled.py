@@ -1,20 +1,23 @@
 """The compiled parts of a cycle compute what the plain Python-built graphs compute, and are not
 traced again as the context grows.
 
-The loop's draft step reads whole cache buffers through masks (so that its compiled graph keeps
-its input shapes from cycle to cycle); the reference here is `Assistant.step` on exactly the
-positions to read, which `test_parity` checks against transformers."""
+The loop's target pass and draft step read whole cache buffers through masks (so that their
+compiled graphs keep their input shapes from cycle to cycle). The references here are the plain
+target pass (mlx-lm's model on our caches, which `test_parity` and `test_family` check against
+transformers) and `Assistant.step` on exactly the positions to read."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
 import tiny
+from mlx_spec.cache import FullCache
 from mlx_spec.drafters import DraftContext, MTPDrafter
 from mlx_spec.loading import load_drafter, load_target
 from mlx_spec.reports import report_arrays
 from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution, uniform_streams
-from mlx_spec.target import prefill
+from mlx_spec.target import prefill, trim_cache
 from mlx_spec.verify import Verifier
 
 GEMMA = SamplingSettings.named("gemma")
@@ -64,8 +67,8 @@ def test_compiled_draft_steps_equal_plain_ones(checkpoints, ordered, sampled):
 
 
 def test_the_draft_step_is_traced_again_only_when_a_buffer_grows(engine, monkeypatch):
-    """Generating far past the window and past several buffer growths of the full cache (256
-    positions each), the compiled draft step is traced once per buffer shape, not per token."""
+    """Generating far past the window and past a buffer growth of the full cache, the compiled
+    draft step is traced once per buffer shape, not per token."""
     traces = []
     traced = MTPDrafter._argmax_step
 
@@ -138,3 +141,97 @@ def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
 
     assert tokens(drafter=drafter, draft_tokens=3) == tokens(mtp=False)
     assert len(drafter._shapes) == 1 and len(drafter._steps) == 1
+
+
+def walk(target, seed: int, length: int = 600):
+    """Passes of 1 to 9 positions, each cut back by a random number of them (none to all), through
+    two sets of caches, one fed by the plain pass and one by the compiled pass: past the sliding
+    window, across its buffer moves and past the full cache's growth at 512 positions. Yields
+    both passes' (logits, hidden) and the compiled caches."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, tiny.VOCAB, length + 10).tolist()
+    plain, compiled = target.make_cache(max_trim=34), target.make_cache(max_trim=34)
+    for cache in (plain, compiled):
+        prefill(target, mx.array([ids[:20]]), cache)
+    position = 20
+    while position < length:
+        n = int(rng.integers(1, 10))
+        tokens = mx.array([ids[position : position + n]])
+        yield target(tokens, plain), target.decode(tokens, compiled), compiled
+        keep = int(rng.integers(0, n + 1))
+        trim_cache(plain, n - keep)
+        trim_cache(compiled, n - keep)
+        position += keep
+
+
+def quantized_4_bits(target):
+    nn.quantize(target.model, group_size=32, bits=4,
+                class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 32 == 0)
+    mx.eval(target.model.parameters())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "4-bit"])
+def test_compiled_target_pass_equals_plain(checkpoints, dtype):
+    """Bit for bit: the same logits and hidden states as the plain pass, at every offset."""
+    target, _ = load_target(str(checkpoints["text"]))
+    if dtype == "bfloat16":
+        target.model.set_dtype(mx.bfloat16)
+    elif dtype == "4-bit":
+        quantized_4_bits(target)
+    passes = 0
+    for (plain_logits, plain_hidden), (logits, hidden), cache in walk(target, seed=len(dtype)):
+        assert mx.array_equal(plain_logits, logits) and mx.array_equal(plain_hidden, hidden), passes
+        passes += 1
+    full = [c for c in cache if isinstance(c, FullCache)]
+    assert passes > 150 and full and full[0].keys.shape[2] > 512  # the full cache grew
+
+
+@pytest.mark.parametrize("variant", ["e4b", "26b-a4b", "31b"])
+def test_compiled_target_pass_equals_plain_for_every_size(family, variant):
+    """Mixture of experts, keys equal to values, no K/V sharing: the same as the plain pass."""
+    target, _ = load_target(str(family(variant)["target"]))
+    for (plain_logits, plain_hidden), (logits, hidden), _ in walk(target, seed=1, length=120):
+        assert mx.array_equal(plain_logits, logits) and mx.array_equal(plain_hidden, hidden)
+
+
+def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch):
+    """Generating 600 tokens, with draft lengths chosen as the loop goes (every pass length from
+    1 to 9 positions), the compiled pass is traced once per input length and buffer shapes."""
+    from mlx_spec.sequence import SequenceState
+    from mlx_spec.target_pass import CompiledPass
+
+    traces = []
+    traced = CompiledPass._pass
+
+    def counting(self, tokens, offset, starts, *buffers):
+        traces.append((tokens.shape, tuple(b.shape for b in buffers)))
+        return traced(self, tokens, offset, starts, *buffers)
+
+    monkeypatch.setattr(CompiledPass, "_pass", counting)
+    engine.target._compiled_pass = CompiledPass(engine.target)
+    decoder = engine.decoder(draft_tokens=None)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, list(range(1, 40)))
+    for _ in decoder.generate(state, 600):
+        pass
+    assert decoder.stats.cycles > 100
+    assert len(traces) == len(set(traces))  # never traced twice for the same shapes
+    lengths = {shape[1] for shape, _ in traces}
+    assert len(traces) <= 3 * len(lengths)  # a few buffer shapes per input length
+
+
+def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch):
+    import mlx_spec.target_pass as target_pass
+    from mlx_spec.sequence import SequenceState
+
+    monkeypatch.setattr(target_pass, "MAX_TRACES", 1)
+    compiled = engine.target._compiled_pass = target_pass.CompiledPass(engine.target)
+
+    def tokens(**kwargs):
+        decoder = engine.decoder(**kwargs)
+        state = SequenceState(engine.target)
+        decoder.add_tokens(state, list(range(1, 40)))
+        return [r.token for r in decoder.generate(state, 300)]
+
+    assert tokens(draft_tokens=3) == tokens(mtp=False)
+    assert len(compiled._shapes) == 1

@@ -1,0 +1,92 @@
+"""The target's decoding pass (a few positions at a time) as one compiled function.
+
+Built op by op in Python, a pass of Gemma 4 E2B is some six thousand primitives: on a fast Mac
+their host build takes about as long as the device takes to run them, and on a small model each
+primitive's launch costs more than its work. Compiled, the host replays a recorded graph and the
+element-wise chains fuse.
+
+A compiled function is traced again whenever an input changes shape, so the pass reads and
+writes the caches' whole buffers, whose shapes change only when a cache grows them:
+- each layer's new keys and values are written into its buffer at the offset, which is an input
+  array (not a Python int baked into the trace);
+- attention reads the whole buffer through a mask of the slots each query may see: written,
+  not in its future, and (sliding layers) within its window.
+The mask gives every query exactly the keys the plain pass gives it (`tests/test_compiled.py`).
+Prefill (long, variable lengths) stays plain.
+"""
+
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+
+from .cache import FullCache, SlidingWindowCache
+
+MAX_TRACES = 32  # input shapes a compiled step is kept for before it starts afresh
+MAX_POSITIONS = 32  # longer inputs (prefill chunks) take the plain pass
+
+
+class _BufferCache:
+    """One layer's cache as the traced pass sees it: its whole buffers and two position arrays.
+    It answers the part of mlx-lm's cache interface that mlx-lm's Gemma 4 layers use."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, start: mx.array):
+        self.keys, self.values = keys, values
+        self.offset = offset  # position of the first new query
+        self.start = start  # position held in buffer slot 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        slot = (self.offset - self.start).reshape(1)
+        self.keys = mx.slice_update(self.keys, keys, slot, axes=(2,))
+        self.values = mx.slice_update(self.values, values, slot, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
+        queries = self.offset + mx.arange(N)[:, None]
+        held = self.start + mx.arange(self.keys.shape[2])[None]
+        visible = held <= queries  # slots past the newest query hold nothing yet, or stale guesses
+        if window_size is not None:
+            visible = visible & (held > queries - window_size)
+        return visible
+
+
+class CompiledPass:
+    """`target(tokens, cache)` for short inputs, compiled; caches must be ours and not empty."""
+
+    def __init__(self, target):
+        self.target = target
+        self._compiled = None
+        self._shapes = set()
+
+    @staticmethod
+    def applies(tokens: mx.array, cache: list) -> bool:
+        return (tokens.shape[0] == 1 and tokens.shape[1] <= MAX_POSITIONS
+                and all(isinstance(c, (FullCache, SlidingWindowCache)) and c.keys is not None for c in cache))
+
+    def __call__(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+        n = tokens.shape[1]
+        for c in cache:
+            c.reserve(n)
+        buffers = [b for c in cache for b in (c.keys, c.values)]
+        logits, hidden, *written = self._function(tokens, buffers)(
+            tokens.astype(mx.int32), mx.array(cache[0].offset, mx.int32),
+            mx.array([c.start for c in cache], mx.int32), *buffers)
+        for i, c in enumerate(cache):
+            c.written(written[2 * i], written[2 * i + 1], n)
+        return logits, hidden
+
+    def _function(self, tokens: mx.array, buffers: List[mx.array]):
+        """The compiled pass. Its traces (one per input shape) pile up as buffers grow: past
+        MAX_TRACES shapes it starts afresh, so that a long-running server does not keep them."""
+        shapes = (tokens.shape, tuple((b.shape, b.dtype) for b in buffers))
+        if self._compiled is None or (shapes not in self._shapes and len(self._shapes) >= MAX_TRACES):
+            # The weights enter the trace as constants: evaluated, or the trace would compute them.
+            mx.eval(self.target.model.parameters())
+            self._compiled, self._shapes = mx.compile(self._pass), set()
+        self._shapes.add(shapes)
+        return self._compiled
+
+    def _pass(self, tokens, offset, starts, *buffers):
+        caches = [_BufferCache(buffers[2 * i], buffers[2 * i + 1], offset, starts[i]) for i in range(len(buffers) // 2)]
+        hidden = self.target.hidden(tokens, caches)
+        written = [b for c in caches for b in (c.keys, c.values)]
+        return [self.target.logits(hidden), hidden, *written]
