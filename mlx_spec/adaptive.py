@@ -13,6 +13,8 @@ two cycles.
 
 from typing import Dict, List, Optional
 
+MAX_PROBE_INTERVAL = 128  # plain cycles
+
 
 class AdaptiveDraftLength:
     def __init__(self, max_g: int, first_probe: int = 2, probe_g: int = 1, probe_overhead: float = 0.01, decay: float = 0.92):
@@ -40,11 +42,30 @@ class AdaptiveDraftLength:
         if probing:
             g = self.probe = self.probe or self.probe_g
         else:
-            g = max(range(limit + 1), key=lambda n: self.expected_tokens(n) / self.cycle_seconds(n))
+            g = self._fastest(limit)
         g = min(g, limit)
         self.probe_out = self.probe_out or (probing and g > 0)
         self.chosen[g] = self.chosen.get(g, 0) + 1
         return g
+
+    def _fastest(self, limit: int) -> int:
+        """The g in 0..limit with the most expected tokens per second (the shortest on a tie).
+        The same figures as `expected_tokens` and `cycle_seconds`, computed in one pass: this
+        runs every cycle, and a plain cycle of a small model takes a few milliseconds."""
+        line = self._line()
+        best, best_rate, total, run, last, slowest = 0, -1.0, 1.0, 1.0, 0.5, 0.0
+        for g in range(limit + 1):
+            if g > 0:
+                if self.judged[g - 1]:
+                    last = self.acceptance[g - 1]
+                run *= last
+                total += run
+            seconds = max(self.seconds[g] if g in self.seconds else line(g), slowest)
+            if total / seconds > best_rate:
+                best, best_rate = g, total / seconds
+            if g in self.seconds:
+                slowest = max(slowest, self.seconds[g])
+        return best
 
     def withdraw(self) -> None:
         """The cycle last chosen for was thrown away unrun: a probe handed out for it is handed
@@ -73,11 +94,13 @@ class AdaptiveDraftLength:
     def probe_every(self) -> int:
         """Plain cycles between probes, so that probing costs about `probe_overhead` of the
         time: a probe's extra cost over a plain cycle, spread over the cycles in between
-        (every few cycles where a short draft is nearly free, as on a GPU; rarely on a CPU)."""
+        (every few cycles where a short draft is nearly free, as on a GPU; rarely where a draft
+        step costs nearly a target pass). At most MAX_PROBE_INTERVAL cycles, so that content
+        where guessing pays again is noticed within a second or two."""
         if 0 not in self.seconds or self.probe_g not in self.seconds:
             return 16
         extra = max(self.seconds[self.probe_g] / self.seconds[0] - 1, 0.0)
-        return int(min(max(extra / self.probe_overhead, 4), 64))
+        return int(min(max(extra / self.probe_overhead, 4), MAX_PROBE_INTERVAL))
 
     def _average(self, old: float, new: float, count: int, weight=None) -> float:
         """A plain mean over the first observations, a moving average after them."""
@@ -101,18 +124,18 @@ class AdaptiveDraftLength:
         next one's build) must not make a longer draft look cheaper, least of all where no
         guess is kept and every length settles one token."""
         shorter = [t for k, t in self.seconds.items() if k < g]
-        return max([self._fitted_seconds(g), *shorter])
+        return max([self.seconds[g] if g in self.seconds else self._line()(g), *shorter])
 
-    def _fitted_seconds(self, g: int) -> float:
-        if g in self.seconds:
-            return self.seconds[g]
+    def _line(self):
+        """g -> the time of a cycle with g guesses, for lengths not measured yet: a least squares
+        line through the ones that were (with fewer than two, 25% more per guess)."""
         known = sorted(self.seconds.items())
         if len(known) < 2:
-            return (known[0][1] if known else 1.0) * (1 + 0.25 * g)
-        # Least squares line through the lengths measured so far.
+            base = known[0][1] if known else 1.0
+            return lambda g: base * (1 + 0.25 * g)
         n = len(known)
         mean_g = sum(k for k, _ in known) / n
         mean_t = sum(t for _, t in known) / n
         spread = sum((k - mean_g) ** 2 for k, _ in known)
         slope = sum((k - mean_g) * (t - mean_t) for k, t in known) / spread
-        return max(mean_t + slope * (g - mean_g), 1e-6)
+        return lambda g: max(mean_t + slope * (g - mean_g), 1e-6)

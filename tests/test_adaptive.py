@@ -1,5 +1,7 @@
 """Adaptive draft length and prompt-lookup drafts: they change speed, never the output."""
 
+import random
+
 import numpy as np
 import pytest
 
@@ -172,3 +174,17 @@ def test_same_seed_same_tokens_with_lookup(engine, prompt):
     off = engine.generate(prompt, max_tokens=LONG, mtp=False, **settings)
     on = engine.generate(prompt, max_tokens=LONG, **settings)
     assert on.tokens == off.tokens
+
+
+def test_the_fastest_length_is_the_best_expected_rate():
+    """`choose` finds its length in one pass; it must be the g that maximises
+    expected_tokens(g) / cycle_seconds(g), the shortest on a tie, in any measured state."""
+    rng = random.Random(5)
+    for trial in range(300):
+        policy = AdaptiveDraftLength(8)
+        for _ in range(rng.randint(0, 30)):
+            g = rng.randint(0, 8)
+            policy.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
+        limit = rng.randint(0, 8)
+        rates = [policy.expected_tokens(g) / policy.cycle_seconds(g) for g in range(limit + 1)]
+        assert policy._fastest(limit) == rates.index(max(rates)), trial
