@@ -166,6 +166,14 @@ class FullCache(KVCache):
     step = 512
     start = 0  # the position held in buffer slot 0 (always the first)
 
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """mlx-lm's append (the plain pass, prefill), growing the buffer as `reserve` does: to a
+        multiple of `step`, so that the compiled pass sees the same few shapes in every
+        conversation (mlx-lm's own growth, from an offset that is not a multiple, would not)."""
+        if self.keys is not None:
+            self.reserve(keys.shape[2])
+        return super().update_and_fetch(keys, values)
+
     def reserve(self, n: int) -> None:
         capacity = self.keys.shape[2]
         if self.offset + n <= capacity:

@@ -59,8 +59,18 @@ class CompiledPass:
 
     @staticmethod
     def applies(tokens: mx.array, cache: list) -> bool:
-        return (tokens.shape[0] == 1 and tokens.shape[1] <= MAX_POSITIONS
-                and all(isinstance(c, (FullCache, SlidingWindowCache)) and c.keys is not None for c in cache))
+        """Whether the compiled pass can run on these caches. mlx-lm's model builds one mask per
+        attention type, from the first layer of that type, and every layer of the type uses it:
+        here a mask is in buffer slots, so those layers' buffers must start at the same position
+        and have the same size (they do: they are written alike)."""
+        if tokens.shape[0] != 1 or tokens.shape[1] > MAX_POSITIONS:
+            return False
+        if not all(isinstance(c, (FullCache, SlidingWindowCache)) and c.keys is not None for c in cache):
+            return False
+        layouts = {}
+        for c in cache:
+            layouts.setdefault(type(c), set()).add((c.start, c.keys.shape[2]))
+        return all(len(layout) == 1 for layout in layouts.values())
 
     def __call__(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
         n = tokens.shape[1]

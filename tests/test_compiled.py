@@ -235,3 +235,30 @@ def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch)
 
     assert tokens(draft_tokens=3) == tokens(mtp=False)
     assert len(compiled._shapes) == 1
+
+
+def test_caches_laid_out_apart_take_the_plain_pass(checkpoints):
+    """mlx-lm builds one mask per attention type and the compiled mask is in buffer slots: a
+    sliding cache whose buffer starts elsewhere than its peers' must not get it."""
+    target, _ = load_target(str(checkpoints["text"]))
+    ids = mx.array([np.random.default_rng(0).integers(0, tiny.VOCAB, 101).tolist()])
+    plain, compiled = target.make_cache(34), target.make_cache(34)
+    for cache in (plain, compiled):
+        target(ids[:, :100], cache)
+        moved = cache[1]  # a sliding layer: only its buffer moves
+        moved._make_room(0, moved.keys, moved.values)
+    assert compiled[1].start != compiled[0].start
+    assert mx.array_equal(target(ids[:, 100:], plain)[0], target.decode(ids[:, 100:], compiled)[0])
+
+
+def test_full_caches_grow_to_whole_steps_in_prefill_too(checkpoints):
+    """A second prompt goes through the plain pass: the full cache still grows to a multiple of
+    its step, so every conversation's compiled pass sees the same few buffer shapes."""
+    target, _ = load_target(str(checkpoints["text"]))
+    cache = target.make_cache()
+    ids = np.random.default_rng(1).integers(0, tiny.VOCAB, 1300).tolist()
+    prefill(target, mx.array([ids[:300]]), cache)
+    target.decode(mx.array([ids[300:303]]), cache)
+    prefill(target, mx.array([ids[303:1300]]), cache)
+    full = [c for c in cache if isinstance(c, FullCache)]
+    assert full and all(c.keys.shape[2] == 1536 for c in full), [c.keys.shape[2] for c in full]
