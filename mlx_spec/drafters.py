@@ -18,6 +18,7 @@ import mlx.core as mx
 from .assistant import Assistant
 from .sampling import SamplingSettings, distribution
 from .target import FULL, SLIDING, SharedKV, Target
+from .target_pass import MAX_TRACES  # K/V buffer shapes a compiled step is kept for
 
 
 @dataclass
@@ -64,9 +65,6 @@ def ahead_drafter(drafter: Optional[Drafter], last_source: str) -> Optional[Draf
         return drafter
     offer = getattr(drafter, "ahead_drafter", None)
     return offer(last_source) if offer is not None else None
-
-
-MAX_TRACES = 32  # K/V buffer shapes a drafter's compiled steps are kept for
 
 
 class MTPDrafter:
