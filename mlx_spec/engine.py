@@ -210,7 +210,8 @@ class Engine:
         return ChatSession(self, system_prompt=system_prompt, tools=tools, thinking=thinking, **settings)
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
-        """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole)."""
+        """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
+        each token's text as written (`raw`) and as shown in its channel (`text`)."""
         if self.tokenizer is None:
             yield from reports
             return
@@ -219,10 +220,11 @@ class Engine:
         channels = Channels(self.tokenizer)
         for report in reports:
             if report.token in self.stop_tokens:
-                report.text = ""
+                report.text = report.raw = ""
             else:
                 detok.add_token(report.token)
-                report.channel, report.text = channels.feed(report.token, detok.last_segment)
+                report.raw = detok.last_segment
+                report.channel, report.text = channels.feed(report.token, report.raw)
             report.top = [(t, p, self.piece(t)) for t, p, _ in report.top]
             yield report
 

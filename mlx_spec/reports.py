@@ -23,6 +23,7 @@ class TokenReport:
     cycle: int
     text: Optional[str] = None  # the text it shows, when a tokenizer is loaded ("" for markers)
     channel: str = "answer"  # "answer", "thought" or "tool_call" (see chat_format.Channels)
+    raw: Optional[str] = None  # its text as the model wrote it: channel markers and labels kept
     prob: Optional[float] = None  # probability in the model's own distribution (softmax)
     rank: Optional[int] = None  # 1 = the model's most likely token
     sampling_prob: Optional[float] = None  # in the sampling distribution (1.0 when greedy)

@@ -331,8 +331,8 @@ def test_a_model_that_calls_tools_round_trip(trained, checkpoints):
     """The tiny target trained to call two tools (tests/chat_script.py), through the server:
     the calls come back as OpenAI tool_calls with ids and finish_reason "tool_calls"; the
     results go back as `role: "tool"` messages, and the answer from them equals the engine's,
-    with the conversation's prompt reused."""
-    from chat_script import QUESTION, TOOLS as CLOCK
+    with the conversation's prompt reused. A raw completion returns its thought as written."""
+    from chat_script import GREETING, HELLO, QUESTION, THOUGHT, TOOLS as CLOCK
 
     server = Server({"text": trained, "assistant": checkpoints["assistant"]})
     try:
@@ -354,5 +354,15 @@ def test_a_model_that_calls_tools_round_trip(trained, checkpoints):
         assert second.choices[0].message.content == expected.text
         assert second.usage.prompt_tokens == len(engine.encode(messages, CLOCK))
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 12
+        # A raw completion of the thinking prompt: the text as the model wrote it, the thought's
+        # markers and label kept (its end-of-turn token is a stop: left out); stop strings match it.
+        thinks = engine.encode(ask(GREETING), thinking=True)
+        written = f"<|channel>thought\n{THOUGHT}<channel|>{HELLO}"
+        raw = client.completions.create(model=model, prompt=thinks, max_tokens=60, temperature=0)
+        assert (raw.choices[0].text, raw.choices[0].finish_reason) == (written, "stop")
+        streamed = client.completions.create(model=model, prompt=thinks, max_tokens=60, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == written
+        cut = client.completions.create(model=model, prompt=thinks, max_tokens=60, temperature=0, stop="<channel|>")
+        assert (cut.choices[0].text, cut.choices[0].finish_reason) == (f"<|channel>thought\n{THOUGHT}", "stop")
     finally:
         server.stop()

@@ -106,7 +106,7 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
         work = generation(
             req.prompt, settings=settings(req, defaults), max_tokens=req.limit,
             default_max_tokens=defaults["max_tokens"], stops=req.stop or [],
-            report=req.logprobs is not None or req.x_report, all_channels=True,
+            report=req.logprobs is not None or req.x_report, as_written=True,
         )
         return await answer(request, worker.submit(work), CompletionFormat(model_id, req.logprobs, req.x_report),
                              req.stream, req.include_usage)

@@ -91,23 +91,24 @@ def generation(
     tools: Optional[List[dict]] = None,
     thinking: bool = False,
     report: bool = False,
-    all_channels: bool = False,
+    as_written: bool = False,
 ):
-    """The job for one request (see the module docstring)."""
+    """The job for one request (see the module docstring). as_written: the text is the model's
+    own (channel markers and labels kept, every channel), as a raw completion returns it."""
 
     def work(engine, cache) -> Iterator[Any]:
         tokens = engine.encode(prompt, tools, thinking)
         limit = fit(len(tokens), max_tokens, default_max_tokens, context_length(engine))
         decoder = engine.decoder(report=report, **settings)
         stream = engine.stream(tokens, max_tokens=limit, decoder=decoder, cache=cache)
-        holder = StopStrings(stops, None if all_channels else (ANSWER,))
+        holder = StopStrings(stops, None if as_written else (ANSWER,))
         steps: List[TokenReport] = []
         try:
             for n, step in enumerate(stream):
                 if n == 0:  # the prompt went through: from here on, the request is answered
                     yield Started(len(tokens))
                 steps.append(step)
-                for released in holder.feed(step):
+                for released in holder.feed(dataclasses.replace(step, text=step.raw) if as_written else step):
                     yield Token(released, engine.piece(released.token), released.token in engine.stop_tokens)
                 if holder.hit:
                     break
