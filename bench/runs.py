@@ -13,7 +13,8 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_spec.decoder import SequenceState
-from mlx_spec.drafters import Draft, DraftContext
+from mlx_spec.drafters import Draft, DraftContext, draft_in_pieces
+from mlx_spec.pieces import run_through
 from mlx_spec.sampling import SamplingSettings
 from mlx_spec.target import trim_cache
 
@@ -111,15 +112,19 @@ class ControlledDrafter:
         self.rng = np.random.default_rng(seed)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
+        return run_through(self.draft_pieces(context, g))
+
+    def draft_pieces(self, context: DraftContext, g: int):
+        """As the inner drafter works: a step per piece (see mlx_spec/pieces.py)."""
         start = context.position + 1
         right = (self.reference[start : start + g] + [0] * g)[:g]
         keep = self.rng.random(g) < self.acceptance
         guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)
         if self.inner is None:
             return Draft(guesses, source="copy")
-        drafted = self.inner.draft(context, g).tokens
+        drafted = yield from draft_in_pieces(self.inner, context, g)
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
-        return Draft(mx.where(drafted >= 0, guesses, guesses), source="controlled")
+        return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)
 
 
 def cost_ratios(engine, prompt, draft_lengths, repeats=5):

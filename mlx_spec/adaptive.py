@@ -118,6 +118,18 @@ class AdaptiveDraftLength:
             total += run
         return total
 
+    def likely_outcome(self, g: int):
+        """(tokens, probability): the most likely number of tokens a cycle with g guesses
+        settles, from the measured acceptance by guess position, and how likely it is."""
+        best, best_p, run = 0, -1.0, 1.0
+        for k in range(g + 1):
+            a = self.acceptance[k] if k < g else 0.0
+            p = run * (1 - a)  # the first k kept, then a miss (or all g kept)
+            if p > best_p:
+                best, best_p = k, p
+            run *= a
+        return best + 1, best_p
+
     def cycle_seconds(self, g: int) -> float:
         """A cycle's time with g guesses: measured, or from a line through the lengths that
         were. Never less than a shorter draft's: noise (or a cycle whose time hid behind the

@@ -7,13 +7,13 @@ outcome (how many tokens it settles), with that cycle's last token and hidden st
 the device (`Start.ahead`).
 """
 
-import time
-from dataclasses import dataclass
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import mlx.core as mx
 
-from .drafters import Draft, DraftContext, Drafter
+from .drafters import Draft, DraftContext, Drafter, draft_in_pieces
+from .pieces import HostWork, Pieces
 from .sampling import SamplingSettings, SettingsError
 from .sequence import SequenceState
 from .target import Target
@@ -33,6 +33,10 @@ class Cycle:
     # not the time between two settled cycles, is what it cost: a launch on a CPU runs most of
     # the cycle at once, and a cycle launched ahead runs inside the previous one's interval.
     seconds: float = 0.0
+    # The cycle's launch in stages: each draft step, then the whole cycle. Between two stages
+    # the host builds a piece of the next cycle (see pieces.py and Decoder._launch).
+    stages: List[List[mx.array]] = field(default_factory=list)
+    launched: int = 0  # stages launched so far
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
@@ -70,10 +74,20 @@ class CycleBuilder:
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
         target's caches must hold everything before `start.last`."""
-        began, asked = time.perf_counter(), g
+        work = Pieces(self.pieces(state, start, g, drafter))
+        cycle = work.finish()
+        cycle.seconds = work.seconds
+        return cycle
+
+    def pieces(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> HostWork:
+        """`build` as host work in pieces: a piece per draft step, one for the target pass and
+        the rest (the cycle's `seconds` are left to whoever runs the pieces)."""
+        asked = g
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
-        draft = self._draft(state, start, g, drafter) if g > 0 else Draft(mx.zeros((0,), mx.int32), source="none")
+        draft = Draft(mx.zeros((0,), mx.int32), source="none")
+        if g > 0:
+            draft = yield from self._draft(state, start, g, drafter)
         g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
         # A guess outside the vocabulary is never kept (no id equals it); clipped, it reads no
         # embedding row out of bounds.
@@ -92,9 +106,9 @@ class CycleBuilder:
                 uniforms["residual"].take(t0, g),
                 uniforms["target"].take(t0 + g, 1)[0],
             )
-        return Cycle(g, asked, draft.source, kept, tokens, hidden, reports, seconds=time.perf_counter() - began)
+        return Cycle(g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps])
 
-    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> Draft:
+    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
         context = DraftContext(
             tokens=state.tokens,
             last_token=start.last,
@@ -104,7 +118,7 @@ class CycleBuilder:
             uniforms=self.uniforms["draft"].take(start.generated, g),
             length=start.length,
         )
-        draft = drafter.draft(context, g)
+        draft = yield from draft_in_pieces(drafter, context, g)
         n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
         if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
             raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")

@@ -18,6 +18,7 @@ from .adaptive import AdaptiveDraftLength
 from .cache import restore_caches, snapshot_caches
 from .cycle import Cycle, CycleBuilder, Start
 from .drafters import Drafter, ahead_drafter
+from .pieces import HostWork, Pieces
 from .reports import TokenReport, build_reports
 from .sampling import SamplingSettings, SettingsError, uniform_streams
 from .sequence import MAX_DRAFT_TOKENS, SequenceState
@@ -132,11 +133,13 @@ class Decoder:
         """Yield the reports of up to `max_tokens` new tokens as they settle.
 
         While the device runs a cycle, the host builds the next one for the running cycle's
-        likely outcome (`_build_ahead`). When the running cycle has no guesses its outcome is
-        certain, and the next one is queued at once, as mlx-lm queues its next step. Otherwise
-        the next one waits for the sync: if the outcome was as assumed it is launched with no
-        host work in between; if not, the caches are put back as they stood (references, no
-        copies; the graph built ahead is never computed) and the next cycle is built anew.
+        likely outcome (`_build_ahead`), a draft step at a time between the stages of the
+        running cycle's launch (`_launch`; see pieces.py). When the running cycle has no
+        guesses its outcome is certain, and the next one is queued at once, as mlx-lm queues its
+        next step. Otherwise the next one waits for the sync: if the outcome was as assumed, its
+        first stage is launched with no host work in between; if not, the caches are put back
+        as they stood (references, no copies; the graph built ahead is never computed) and the
+        next cycle is built anew.
         """
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -148,8 +151,8 @@ class Decoder:
                 budget = max_tokens - produced
                 if current is None:
                     current = self.builder.build(state, Start.settled(state), self._choose_g(budget), self.drafter)
-                    self._launch(current)
-                ahead = self._build_ahead(state, current, budget)
+                # The rest of the cycle is launched stage by stage, the next one built in between.
+                ahead = self._launch(current, self._build_ahead(state, current, budget))
                 if ahead is not None and ahead.snapshot is None:  # a certain outcome: queue it now
                     self._launch(ahead.cycle)
                 yield from pending.hand_over()  # while the device works on this cycle
@@ -162,7 +165,7 @@ class Decoder:
                     ahead = None
                 elif hit and ahead.snapshot is not None:
                     ahead.snapshot = None
-                    self._launch(ahead.cycle)
+                    self._launch_stage(ahead.cycle)  # the device has work while this one settles
                     self.stats.prebuilt += 1
                 elif hit:
                     self.stats.prebuilt += 1
@@ -194,25 +197,13 @@ class Decoder:
             return self.policy.choose(budget)
         return min(self.draft_tokens, budget - 1)
 
-    def _likely_outcome(self, g: int):
-        """(tokens, probability): the most likely number of tokens a cycle with g guesses
-        settles, from the measured acceptance by guess position, and how likely it is."""
-        best, best_p, run = 0, -1.0, 1.0
-        for k in range(g + 1):
-            a = self.estimates.acceptance[k] if k < g else 0.0
-            p = run * (1 - a)  # the first k kept, then a miss (or all g kept)
-            if p > best_p:
-                best, best_p = k, p
-            run *= a
-        return best + 1, best_p
-
-    def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> Optional[_Ahead]:
-        """The next cycle, built for the running cycle's likely outcome; None when there is no
-        room for another cycle, or when the outcome is too uncertain for the work to pay: where
-        the host cannot overlap the device (MLX on a CPU), a cycle built for nothing costs its
-        whole build."""
+    def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> HostWork:
+        """The next cycle, built (in pieces) for the running cycle's likely outcome; None when
+        there is no room for another cycle, or when the outcome is too uncertain for the work to
+        pay: where the host cannot overlap the device (MLX on a CPU), a cycle built for nothing
+        costs its whole build."""
         certain = running.g == 0
-        settles, p = (1, 1.0) if certain else self._likely_outcome(running.g)
+        settles, p = (1, 1.0) if certain else self.estimates.likely_outcome(running.g)
         if budget - settles < 1 or p < AHEAD_BELIEF:
             return None
         g = self._choose_g(budget - settles)
@@ -225,7 +216,7 @@ class Decoder:
         # The caches hold the running cycle's g + 1 positions; keep those its outcome keeps.
         trim_cache(state.cache, running.g + 1 - settles)
         try:
-            cycle = self.builder.build(state, Start.ahead(state, running, settles), g, drafter)
+            cycle = yield from self.builder.pieces(state, Start.ahead(state, running, settles), g, drafter)
         except Exception:
             if snapshot is not None:
                 restore_caches(state.cache, snapshot)
@@ -244,12 +235,33 @@ class Decoder:
         else:  # launched already (its outcome was certain but a stop token came): trim it
             trim_cache(state.cache, ahead.cycle.g + 1)
 
-    def _launch(self, cycle: Cycle) -> None:
+    def _launch(self, cycle: Cycle, work: Optional[HostWork] = None):
+        """Launch the rest of the cycle, a stage at a time, running a piece of `work` after each
+        stage (see pieces.py); then the rest of the work. Returns the work's result, its host
+        time counted to the cycle it builds."""
+        pieces = Pieces(work) if work is not None else None
+        while cycle.launched < len(cycle.stages):
+            self._launch_stage(cycle)
+            if pieces is not None:
+                pieces.step()
+        if cycle.launched == len(cycle.stages):
+            self._launch_stage(cycle)
+        if pieces is None:
+            return None
+        ahead = pieces.finish()
+        if ahead is not None:
+            ahead.cycle.seconds += pieces.seconds
+        return ahead
+
+    def _launch_stage(self, cycle: Cycle) -> None:
+        """Queue the cycle's next stage (its whole graph once the stages are done)."""
         if self._synced_at is not None:  # the host work between the last sync and this launch
             self.stats.exposed_host_seconds += time.perf_counter() - self._synced_at
             self._synced_at = None
         began = time.perf_counter()
-        mx.async_eval(cycle.arrays())
+        stage = cycle.stages[cycle.launched] if cycle.launched < len(cycle.stages) else cycle.arrays()
+        mx.async_eval(stage)
+        cycle.launched += 1
         cycle.seconds += time.perf_counter() - began
 
     def _sync(self, cycle: Cycle, budget: int, launched_next: bool):

@@ -10,12 +10,13 @@ the engine then keeps guesses with the min(1, p/q) rule. A drafter that returns 
 as deterministic, and guesses are kept while they match the target's own draw. Both are exact.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import mlx.core as mx
 
 from .assistant import Assistant
+from .pieces import HostWork, run_through
 from .sampling import SamplingSettings, distribution
 from .target import FULL, SLIDING, SharedKV, Target
 from .target_pass import MAX_TRACES  # K/V buffer shapes a compiled step is kept for
@@ -50,11 +51,23 @@ class Draft:
     tokens: mx.array  # [n] int32, n <= g: a drafter may propose fewer guesses than asked
     q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
     source: str = "drafter"  # where the guesses came from, for the statistics
+    # Each step's output, in order, for drafters that guess step by step: the cycle is launched
+    # a step at a time (see pieces.py).
+    steps: List[mx.array] = field(default_factory=list)
 
 
 @runtime_checkable
 class Drafter(Protocol):
     def draft(self, context: DraftContext, g: int) -> Draft: ...
+
+
+def draft_in_pieces(drafter: Drafter, context: DraftContext, g: int) -> HostWork:
+    """The drafter's work a step per piece where it offers `draft_pieces(context, g)` (a
+    generator that yields after each step and returns the Draft), else in one piece."""
+    pieces = getattr(drafter, "draft_pieces", None)
+    if pieces is None:
+        return drafter.draft(context, g)
+    return (yield from pieces(context, g))
 
 
 def ahead_drafter(drafter: Optional[Drafter], last_source: str) -> Optional[Drafter]:
@@ -86,6 +99,10 @@ class MTPDrafter:
         self._shapes = set()  # the K/V buffer shapes they were traced for
 
     def draft(self, context: DraftContext, g: int) -> Draft:
+        return run_through(self.draft_pieces(context, g))
+
+    def draft_pieces(self, context: DraftContext, g: int) -> HostWork:
+        """`draft`, yielding after each step."""
         sampled = self.sample and not context.settings.greedy
         token, hidden = context.last_token, context.hidden
         position = mx.array(context.position + self.position_offset)
@@ -101,8 +118,9 @@ class MTPDrafter:
             else:
                 token, hidden = step(token, hidden, *kv, position)
             guesses.append(token.reshape(1))
+            yield
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
-        return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp")
+        return Draft(tokens, mx.stack(qs) if sampled and qs else None, source="mtp", steps=guesses)
 
     def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
         """One draft step as a compiled function: a few fused kernels instead of hundreds of

@@ -39,3 +39,21 @@ class ScriptedDrafter:
             if i == self.break_at or self.break_probability and self.rng.random() < self.break_probability:
                 guesses[i] = (guesses[i] + 1) % self.vocab_size
         return Draft(mx.array(guesses, dtype=mx.int32))
+
+
+class StepwiseDrafter(ScriptedDrafter):
+    """A ScriptedDrafter that builds its guesses a step per piece, as the MTP drafter does
+    (`draft_pieces`), and logs each piece in `log`."""
+
+    def __init__(self, *args, log=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log = log if log is not None else []
+
+    def draft_pieces(self, context: DraftContext, g: int):
+        guesses = self.draft(context, g).tokens
+        steps = []
+        for i in range(g):
+            steps.append(guesses[i : i + 1] + 0)  # a step of its own in the graph
+            self.log.append("piece")
+            yield
+        return Draft(mx.concatenate(steps) if steps else guesses, steps=steps)

@@ -147,7 +147,7 @@ def test_generate_json_lines(checkpoints):
     tokens, summary = lines[:-1], lines[-1]
     assert 1 <= len(tokens) <= 12
     for t in tokens:
-        assert set(t) == {"token", "text", "channel", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
+        assert set(t) == {"token", "text", "raw", "channel", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
         assert len(t["top"]) == 5 and set(t["top"][0]) == {"id", "prob", "text"}
         assert 1 <= t["candidates"] <= 20
     assert set(summary) == {"stats", "text", "thinking", "finish_reason", "tool_calls"}

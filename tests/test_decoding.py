@@ -11,7 +11,7 @@ from mlx_spec import load
 from mlx_spec.decoder import SequenceState
 from mlx_spec.engine import Engine
 from mlx_spec.sampling import SettingsError
-from scripted import ScriptedDrafter
+from scripted import ScriptedDrafter, StepwiseDrafter
 
 LONG = 320  # tokens generated: many sliding windows (12) long
 
@@ -280,6 +280,20 @@ def test_cycles_built_ahead_hit_and_miss_exactly(engine, prompt, reference, g, b
     assert result.tokens == reference[len(prompt) :]
     assert 0 < result.stats.prebuilt < result.stats.cycles - 1  # hits and misses both happened
     assert result.stats.host_syncs == result.stats.cycles
+
+
+def test_the_next_cycle_is_built_between_the_stages_of_the_running_one(engine, prompt, reference, monkeypatch):
+    """MLX keeps only a few tasks in flight, so the host is free only while the last of a
+    launch run: the running cycle is launched a draft step at a time, and a step of the next
+    one is built after each. Hits and misses both happen, and the tokens stay the target's."""
+    log = []
+    launch = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: (log.append("launch"), launch(*a))[1])
+    drafter = StepwiseDrafter(reference, tiny.VOCAB, break_probability=0.04, seed=3, log=log)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=4)
+    assert result.tokens == reference[len(prompt) :]
+    assert 0 < result.stats.prebuilt < result.stats.cycles - 1
+    assert " ".join(["launch", "piece"] * 4) in " ".join(log)
 
 
 def test_a_certain_next_cycle_is_queued_before_the_sync(engine, prompt, reference):
