@@ -30,16 +30,28 @@ class Cycle:
     hidden: mx.array  # [1, g + 1, H]
     reports: Dict[str, mx.array]
     # Host time the loop has spent on this cycle: building, launching and waiting for it. This,
-    # not the time between two settled cycles, is what it cost: a launch on a CPU runs most of
-    # the cycle at once, and a cycle launched ahead runs inside the previous one's interval.
+    # not the time between two settled cycles, is what it cost: a launch runs most of the cycle
+    # before it returns (MLX keeps few tasks in flight), and a cycle launched ahead runs inside
+    # the previous one's interval.
     seconds: float = 0.0
-    # The cycle's launch in stages: each draft step, then the whole cycle. Between two stages
-    # the host builds a piece of the next cycle (see pieces.py and Decoder._launch).
+    # Each draft step's output: the cycle is launched a step at a time, then whole, and the host
+    # builds a piece of the next cycle between two launches (see launch.py).
     stages: List[List[mx.array]] = field(default_factory=list)
-    launched: int = 0  # stages launched so far
+    launched: int = 0  # launches so far: the stages, then the whole cycle
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
+
+    @property
+    def steps_to_launch(self) -> bool:
+        return self.launched < len(self.stages)
+
+    def next_stage(self) -> Optional[list]:
+        """The arrays to launch next: a draft step's, then the whole cycle's; None after that."""
+        if self.launched > len(self.stages):
+            return None
+        self.launched += 1
+        return self.stages[self.launched - 1] if self.launched <= len(self.stages) else self.arrays()
 
 
 @dataclass

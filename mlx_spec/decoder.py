@@ -1,9 +1,10 @@
 """The speculative loop: draft g, verify g + 1 positions in one target pass, accept, trim.
 
 Each cycle is built as one lazy MLX graph (the g draft steps, the verification pass, the
-acceptance test and the per-token reports) and evaluated once: exactly one host
-synchronisation per cycle, counted in the statistics. While the device works on a cycle, the
-previous cycle's tokens are handed to the caller (`mx.async_eval`), so printing overlaps compute.
+acceptance test and the per-token reports), launched in stages (launch.py) and synchronised
+once: exactly one host synchronisation per cycle, counted in the statistics. While the device
+works on a cycle, the previous cycle's tokens are handed to the caller, so printing overlaps
+compute.
 
 MTP off is the same loop with g = 0: one position per pass, the same reports and statistics.
 """
@@ -18,6 +19,7 @@ from .adaptive import AdaptiveDraftLength
 from .cache import restore_caches, snapshot_caches
 from .cycle import Cycle, CycleBuilder, Start
 from .drafters import Drafter, ahead_drafter
+from .launch import Launcher
 from .pieces import HostWork, Pieces
 from .reports import TokenReport, build_reports
 from .sampling import SamplingSettings, SettingsError, uniform_streams
@@ -82,7 +84,7 @@ class Decoder:
         self.uniforms = uniform_streams(settings.seed)
         self.builder = CycleBuilder(target, settings, self.uniforms, report)
         self.stats = Stats()
-        self._synced_at: Optional[float] = None
+        self.launcher = Launcher(self.stats)
 
     def check_room(self, prompt_tokens: int, max_tokens: int) -> None:
         limit = self.target.args.max_position_embeddings
@@ -134,7 +136,7 @@ class Decoder:
 
         While the device runs a cycle, the host builds the next one for the running cycle's
         likely outcome (`_build_ahead`), a draft step at a time between the stages of the
-        running cycle's launch (`_launch`; see pieces.py). When the running cycle has no
+        running cycle's launch (`_launch`; see launch.py). When the running cycle has no
         guesses its outcome is certain, and the next one is queued at once, as mlx-lm queues its
         next step. Otherwise the next one waits for the sync: if the outcome was as assumed, its
         first stage is launched with no host work in between; if not, the caches are put back
@@ -145,16 +147,16 @@ class Decoder:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
         start = time.perf_counter()
         produced, pending, current, ahead = 0, _Pending(), None, None
-        self._synced_at = None
+        self.launcher.synced_at = None
         try:
             while produced < max_tokens:
                 budget = max_tokens - produced
                 if current is None:
                     current = self.builder.build(state, Start.settled(state), self._choose_g(budget), self.drafter)
                 # The rest of the cycle is launched stage by stage, the next one built in between.
-                ahead = self._launch(current, self._build_ahead(state, current, budget))
+                ahead = self._launch(state, current, self._build_ahead(state, current, budget))
                 if ahead is not None and ahead.snapshot is None:  # a certain outcome: queue it now
-                    self._launch(ahead.cycle)
+                    self._launch(state, ahead.cycle)
                 yield from pending.hand_over()  # while the device works on this cycle
                 tokens, kept, fetched = self._sync(current, budget, launched_next=ahead is not None and ahead.snapshot is None)
                 stop = tokens[-1] in self.stop_tokens
@@ -165,7 +167,7 @@ class Decoder:
                     ahead = None
                 elif hit and ahead.snapshot is not None:
                     ahead.snapshot = None
-                    self._launch_stage(ahead.cycle)  # the device has work while this one settles
+                    self.launcher.stage(ahead.cycle)  # the device has work while this one settles
                     self.stats.prebuilt += 1
                 elif hit:
                     self.stats.prebuilt += 1
@@ -200,7 +202,7 @@ class Decoder:
     def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> HostWork:
         """The next cycle, built (in pieces) for the running cycle's likely outcome; None when
         there is no room for another cycle, or when the outcome is too uncertain for the work to
-        pay: where the host cannot overlap the device (MLX on a CPU), a cycle built for nothing
+        pay: the host's build overlaps the device only partly, and a cycle built for nothing
         costs its whole build."""
         certain = running.g == 0
         settles, p = (1, 1.0) if certain else self.estimates.likely_outcome(running.g)
@@ -217,7 +219,7 @@ class Decoder:
         trim_cache(state.cache, running.g + 1 - settles)
         try:
             cycle = yield from self.builder.pieces(state, Start.ahead(state, running, settles), g, drafter)
-        except Exception:
+        except BaseException:  # a failure, or the launch around it failed and closed it
             if snapshot is not None:
                 restore_caches(state.cache, snapshot)
             raise
@@ -235,34 +237,23 @@ class Decoder:
         else:  # launched already (its outcome was certain but a stop token came): trim it
             trim_cache(state.cache, ahead.cycle.g + 1)
 
-    def _launch(self, cycle: Cycle, work: Optional[HostWork] = None):
-        """Launch the rest of the cycle, a stage at a time, running a piece of `work` after each
-        stage (see pieces.py); then the rest of the work. Returns the work's result, its host
-        time counted to the cycle it builds."""
-        pieces = Pieces(work) if work is not None else None
-        while cycle.launched < len(cycle.stages):
-            self._launch_stage(cycle)
-            if pieces is not None:
-                pieces.step()
-        if cycle.launched == len(cycle.stages):
-            self._launch_stage(cycle)
-        if pieces is None:
+    def _launch(self, state: SequenceState, cycle: Cycle, ahead: Optional[HostWork] = None) -> Optional[_Ahead]:
+        """Launch the rest of the cycle, building the next one (`_build_ahead`) in between;
+        return that, its host time counted to it. If the launch fails once it is built, the
+        caches are put back before the error goes on."""
+        if ahead is None:
+            self.launcher.launch(cycle)
             return None
-        ahead = pieces.finish()
-        if ahead is not None:
-            ahead.cycle.seconds += pieces.seconds
-        return ahead
-
-    def _launch_stage(self, cycle: Cycle) -> None:
-        """Queue the cycle's next stage (its whole graph once the stages are done)."""
-        if self._synced_at is not None:  # the host work between the last sync and this launch
-            self.stats.exposed_host_seconds += time.perf_counter() - self._synced_at
-            self._synced_at = None
-        began = time.perf_counter()
-        stage = cycle.stages[cycle.launched] if cycle.launched < len(cycle.stages) else cycle.arrays()
-        mx.async_eval(stage)
-        cycle.launched += 1
-        cycle.seconds += time.perf_counter() - began
+        build = Pieces(ahead)
+        try:
+            self.launcher.launch(cycle, build)
+        except BaseException:
+            if build.done and build.result is not None and build.result.snapshot is not None:
+                restore_caches(state.cache, build.result.snapshot)
+            raise
+        if build.result is not None:
+            build.result.cycle.seconds += build.seconds
+        return build.result
 
     def _sync(self, cycle: Cycle, budget: int, launched_next: bool):
         """The cycle's one host synchronisation: its output tokens (cut at a stop token and at
@@ -272,7 +263,7 @@ class Decoder:
         self.stats.host_syncs += 1
         synced = time.perf_counter()
         cycle.seconds += synced - began
-        self._synced_at = None if launched_next else synced
+        self.launcher.synced_at = None if launched_next else synced
         kept = cycle.kept.item()
         tokens = cycle.tokens.tolist()[: kept + 1][:budget]
         for i, token in enumerate(tokens):

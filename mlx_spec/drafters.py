@@ -5,6 +5,11 @@ the target's caches were cut back to the settled tokens, and returns g guesses f
 that follow `context.tokens`. Its guesses may stay lazy MLX arrays: the engine verifies them in
 the same graph, so drafting costs no host synchronisation of its own.
 
+A drafter that guesses step by step may also offer `draft_pieces(context, g)`: a generator that
+yields after each step and returns the Draft, with each step's output in `Draft.steps`. The loop
+then builds it a step at a time between the stages of the running cycle's launch (launch.py),
+and launches its cycle a step at a time; `draft` must give the same Draft.
+
 A drafter that samples its guesses returns their distributions `q` (over the whole vocabulary);
 the engine then keeps guesses with the min(1, p/q) rule. A drafter that returns no `q` is treated
 as deterministic, and guesses are kept while they match the target's own draw. Both are exact.

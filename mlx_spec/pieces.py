@@ -1,11 +1,9 @@
 """Host work done a piece at a time: a generator that yields between pieces and returns its
 result, run piece by piece (`Pieces.step`) or through (`Pieces.finish`), timing only itself.
 
-MLX keeps only a few tasks in flight: `mx.async_eval` on a graph of thousands of primitives
-returns once all but the last hundred or so are queued (on a CPU, once they ran). The host is
-free only while those last ones run. So the loop builds the next cycle in pieces, each one
-between two stages of the running cycle's launch (see `Decoder._launch`): with one piece per
-draft step, the device always has the rest of its stage to run while the host builds.
+The loop builds the next cycle in pieces, one after each stage of the running cycle's launch
+(see launch.py): a piece is one draft step, so that the host's work between two stages is about
+as long as the part of a stage the device still has to run when its launch returns.
 """
 
 import time
@@ -39,6 +37,11 @@ class Pieces(Generic[T]):
         while self.step():
             pass
         return self.result
+
+    def close(self) -> None:
+        """Stop the work where it is: it gets a GeneratorExit at its last yield (to put back
+        what it changed) and runs no further."""
+        self.work.close()
 
 
 def run_through(work: HostWork) -> T:

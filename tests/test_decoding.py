@@ -264,6 +264,83 @@ def test_a_failing_drafter_leaves_the_state_usable(engine, prompt, reference):
     assert [r.token for r in engine.decoder(mtp=False).generate(state, 20)] == reference[len(prompt) + 5 : len(prompt) + 25]
 
 
+class Failed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["a piece of the next cycle", "the launch of the running one"])
+def test_a_failure_while_building_ahead_leaves_the_state_usable(engine, prompt, reference, monkeypatch, where):
+    """A failure in the middle of a cycle built ahead (a drafter's step raising), or in the
+    launch around it (mx.async_eval raising, as an interrupt would): the caches are put back
+    and the state holds exactly the tokens handed over."""
+    log, launch = [], mx.async_eval
+    drafter = StepwiseDrafter(reference, tiny.VOCAB, log=log)
+    if where == "a piece of the next cycle":
+        real = drafter.draft_pieces
+
+        def draft_pieces(context, g):
+            if drafter.calls >= 6:
+                raise Failed(where)
+            return (yield from real(context, g))
+
+        monkeypatch.setattr(drafter, "draft_pieces", draft_pieces)
+    else:
+        def failing(*arrays):
+            if log.count("piece") >= 30:
+                raise Failed(where)
+            return launch(*arrays)
+
+        monkeypatch.setattr(mx, "async_eval", failing)
+    decoder = engine.decoder(drafter=drafter, draft_tokens=4)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    handed = []
+    with pytest.raises(Failed):
+        for report in decoder.generate(state, 60):
+            handed.append(report.token)
+    assert handed and handed == reference[len(prompt) : len(prompt) + len(handed)]
+    assert state.cached == len(state.tokens) - 1 and state.tokens == reference[: len(state.tokens)]
+    monkeypatch.setattr(mx, "async_eval", launch)
+    more = [r.token for r in engine.decoder(mtp=False).generate(state, 20)]
+    assert more == reference[len(state.tokens) - 20 : len(state.tokens)]
+
+
+def test_a_failed_launch_puts_back_the_cycle_built_during_it(engine, prompt, monkeypatch):
+    """The next cycle was built (its caches cut back and written) during the running cycle's
+    staged launch, and the launch's last stage fails: the caches are as they stood before."""
+    from mlx_spec.cache import snapshot_caches
+    from mlx_spec.cycle import Start
+    from mlx_spec.decoder import _Ahead
+    from mlx_spec.target import trim_cache
+
+    decoder = engine.decoder(mtp=False)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    running = decoder.builder.build(state, Start.settled(state), 0, None)
+    running.stages = [[running.tokens]]  # one stage before the whole cycle
+    offsets = [c.offset for c in state.cache]
+
+    def build_ahead():
+        snapshot = snapshot_caches(state.cache)
+        trim_cache(state.cache, 2)  # as if the running cycle settled all but one of its positions
+        ahead = decoder.builder.build(state, Start.settled(state), 0, None)
+        return _Ahead(ahead, 1, snapshot)
+        yield  # a generator: built in one piece
+
+    launch, launches = mx.async_eval, []
+
+    def fail_on_the_whole_cycle(*arrays):
+        launches.append(1)
+        if len(launches) == 2:
+            raise Failed("launch")
+        return launch(*arrays)
+
+    monkeypatch.setattr(mx, "async_eval", fail_on_the_whole_cycle)
+    with pytest.raises(Failed):
+        decoder._launch(state, running, build_ahead())
+    assert [c.offset for c in state.cache] == offsets
+
+
 def test_numpy_prompts_and_settings(engine, prompt):
     a = engine.generate(np.array(prompt), max_tokens=5, top_k=np.int64(0), seed=np.int64(3))
     b = engine.generate(prompt, max_tokens=5)
