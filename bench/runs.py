@@ -6,6 +6,7 @@ out, so prefill never hides in the decode figure.
 """
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -129,32 +130,44 @@ class ControlledDrafter:
 
 def cost_ratios(engine, prompt, draft_lengths, repeats=5):
     """R_g = time(pass over g + 1 positions) / time(1 position) and C_g = time(g draft steps) /
-    time(1 position), measured on the workload's own context."""
+    time(1 position), measured on the workload's own context. Each ratio is the median over
+    `repeats` of a pass over one position and the other timed right after it: on a shared
+    machine the speed drifts between measurements taken apart. Returns (one position's median
+    ms, {g: {"R", "C"}})."""
     from common import median_ms
 
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt)
 
-    def target_ms(n):
+    def target(n):
         tokens = mx.array([prompt[-n:]])
 
-        def one():
+        def run():
             mx.eval(engine.target.decode(tokens, state.cache))
             trim_cache(state.cache, n)
 
-        return median_ms(one, repeats)
+        return run
 
-    one = target_ms(1)
-    ratios = {}
+    def drafting(g):
+        context = DraftContext(state.tokens, mx.array([[state.tokens[-1]]]), state.hidden,
+                               engine.target.drafter_buffers(state.cache), SamplingSettings(), mx.zeros((g,)))
+        return lambda: mx.eval(engine.mtp_drafter.draft(context, g).tokens)
+
+    one, ones, ratios = target(1), [], {}
     for g in draft_lengths:
-        r = target_ms(g + 1) / one
-        c = 0.0
+        parts = {"R": target(g + 1)}
         if g and engine.mtp_drafter is not None:
-            context = DraftContext(state.tokens, mx.array([[state.tokens[-1]]]), state.hidden,
-                                   engine.target.drafter_buffers(state.cache), SamplingSettings(), mx.zeros((g,)))
-            c = median_ms(lambda: mx.eval(engine.mtp_drafter.draft(context, g).tokens), repeats) / one
-        ratios[g] = {"R": r, "C": c}
-    return one, ratios
+            parts["C"] = drafting(g)
+        for part in (one, *parts.values()):
+            part(), part()  # warm up: a first call may trace
+        paired = {name: [] for name in parts}
+        for _ in range(repeats):
+            base = median_ms(one, 1, warmup=0)
+            ones.append(base)
+            for name, part in parts.items():
+                paired[name].append(median_ms(part, 1, warmup=0) / base)
+        ratios[g] = {"R": statistics.median(paired["R"]), "C": statistics.median(paired["C"]) if "C" in paired else 0.0}
+    return statistics.median(ones), ratios
 
 
 def expected_tokens(acceptance: float, g: int) -> float:
