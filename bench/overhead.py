@@ -144,9 +144,10 @@ def node_counts(g: int) -> dict:
 def queued_share(ops: int = 3000) -> float:
     """The share of a long graph's time spent inside `mx.async_eval`, before it returns. MLX
     keeps about ten tasks in flight (a task: a Metal command buffer of up to 40-50 kernels or
-    40-50 MB of inputs on a Mac, or ten CPU primitives) and queues the rest only as those finish, so the host is free only while the
-    last ones run: near 1 for a graph of thousands of primitives. That is why the loop launches
-    a cycle a draft step at a time and builds the next one in between (mlx_spec/launch.py)."""
+    40-50 MB of inputs on a Mac, or ten CPU primitives) and queues the rest only as those
+    finish, so the host is free only while the last ones run: near 1 for a graph of thousands
+    of primitives. That is why the loop launches a cycle a draft step at a time and builds the
+    next one in between (mlx_spec/launch.py)."""
     x = mx.ones((4, 4))
     mx.eval(x)
     for _ in range(ops):

@@ -239,8 +239,8 @@ class Decoder:
 
     def _launch(self, state: SequenceState, cycle: Cycle, ahead: Optional[HostWork] = None) -> Optional[_Ahead]:
         """Launch the rest of the cycle, building the next one (`_build_ahead`) in between;
-        return that, its host time counted to it. If the launch fails once it is built, the
-        caches are put back before the error goes on."""
+        return that, its host time counted to it. If the launch fails once it is built, it is
+        undone before the error goes on."""
         if ahead is None:
             self.launcher.launch(cycle)
             return None
@@ -248,8 +248,8 @@ class Decoder:
         try:
             self.launcher.launch(cycle, build)
         except BaseException:
-            if build.done and build.result is not None and build.result.snapshot is not None:
-                restore_caches(state.cache, build.result.snapshot)
+            if build.done and build.result is not None:
+                self._undo(state, build.result)
             raise
         if build.result is not None:
             build.result.cycle.seconds += build.seconds

@@ -21,7 +21,7 @@ class Stats:
     drafted_by_source: Dict[str, int] = field(default_factory=dict)
     host_syncs: int = 0  # synchronisations in the decoding cycles
     prebuilt: int = 0  # cycles built while the one before them ran, then launched at once
-    exposed_host_seconds: float = 0.0  # host time between a sync and the next launch (of a first stage)
+    exposed_host_seconds: float = 0.0  # host time from a sync to the next cycle's first launch
     peak_memory_gb: float = 0.0
 
     @property
