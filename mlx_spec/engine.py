@@ -77,6 +77,12 @@ class Engine:
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if prompt and all(isinstance(m, dict) for m in prompt):
             tokenizer = self._require_tokenizer("chat messages")
+            if not getattr(tokenizer, "chat_template", None):
+                raise SettingsError(
+                    f"chat messages need a chat template, and the tokenizer of {self.target_path} has none "
+                    "(a base model or a hand-made conversion); send token ids or plain text instead (a string "
+                    "in Python, --raw with mlx-spec generate, /v1/completions on the server)"
+                )
             return list(tokenizer.apply_chat_template(
                 for_template(prompt), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking)
             ))

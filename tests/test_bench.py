@@ -94,7 +94,6 @@ def test_random_weights_quantized_like_the_default_model():
     mx.clear_cache()
 
 
-@pytest.mark.skipif(__import__("tiny").reference_template() is None, reason=__import__("tiny").NO_TEMPLATE)
 def test_workloads_render_as_the_seed_measured(checkpoints):
     """Thinking off (the empty thought ends the prompt), and the tool round trip as Google's
     template renders it: the results inside the model turn, as mappings, nothing after them."""

@@ -15,7 +15,6 @@ from mlx_spec.chat import parse_tool_calls, tool_result
 from mlx_spec.engine import Engine
 from mlx_spec.sampling import SettingsError
 
-pytestmark = pytest.mark.skipif(tiny.reference_template() is None, reason=tiny.NO_TEMPLATE)
 DECLARATION = (
     '<|tool>declaration:get_current_time{description:<|"|>The current time in a city<|"|>,parameters:{properties:'
     '{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>'

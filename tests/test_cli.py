@@ -198,6 +198,16 @@ def test_bad_values_exit_with_one_line(checkpoints, args, message):
     assert re.search(message, out.stderr)
 
 
+def test_messages_to_a_checkpoint_without_a_chat_template(no_template):
+    model = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(no_template), "--no-mtp", "-m", "3"]
+    out = run([*model, "--prompt", "Hello"])
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"mlx-spec: chat messages need a chat template, and the tokenizer of {no_template} has none")
+    assert "--raw" in out.stderr
+    out = run([*model, "--raw", "--prompt", "Hello"])
+    assert out.returncode == 0, out.stderr
+
+
 def test_missing_model_folder(tmp_path):
     out = run([sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(tmp_path / "none")], "")
     assert out.returncode == 1

@@ -213,7 +213,13 @@ def test_prompt_errors(engine, checkpoints):
     assert len(no_tokenizer.generate([5, 6, 7], max_tokens=3, mtp=False).tokens) == 3
 
 
-@pytest.mark.skipif(tiny.reference_template() is None, reason=tiny.NO_TEMPLATE)
+def test_messages_to_a_checkpoint_without_a_chat_template(no_template):
+    engine = load(str(no_template), drafter=None)
+    with pytest.raises(SettingsError, match=f"the tokenizer of {no_template} has none.*token ids or plain text"):
+        engine.generate([{"role": "user", "content": "Hello"}], max_tokens=3)
+    assert len(engine.generate("Hello", max_tokens=3).tokens) >= 1  # plain text still works
+
+
 def test_text_and_chat_prompts(engine):
     text = engine.generate("Hello there", max_tokens=5)
     chat = engine.generate([{"role": "user", "content": "Hello there"}], max_tokens=5)

@@ -366,3 +366,20 @@ def test_a_model_that_calls_tools_round_trip(trained, checkpoints):
         assert (cut.choices[0].text, cut.choices[0].finish_reason) == (f"<|channel>thought\n{THOUGHT}", "stop")
     finally:
         server.stop()
+
+
+def test_messages_to_a_checkpoint_without_a_chat_template(no_template, checkpoints):
+    """A base model's tokenizer has no chat template: chat requests are refused with a 400 that
+    says so and what to send instead; raw completions still work."""
+    s = Server({"text": no_template, "assistant": checkpoints["assistant"]})
+    try:
+        plain = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        name = plain.models.list().data[0].id
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError, match="has none .*token ids or plain text") as raised:
+                reply = plain.chat.completions.create(model=name, messages=ask("Hi"), max_tokens=3, stream=stream)
+                list(reply) if stream else reply
+            assert raised.value.status_code == 400 and raised.value.body["code"] == "invalid_value"
+        assert plain.completions.create(model=name, prompt="Hi", max_tokens=3).choices[0].text is not None
+    finally:
+        s.stop()

@@ -34,14 +34,14 @@ SPECIAL_TOKENS = [_BY_ID.get(i, f"<unused{i}>") for i in range(max(_BY_ID) + 1)]
 EOS_ID = 1
 END_OF_TURN_ID = REAL_SPECIAL_IDS["<turn|>"]
 TOOL_RESPONSE_ID = REAL_SPECIAL_IDS["<|tool_response>"]
-# Google's published chat template (a copy lives in the shared folder beside the repository).
-REFERENCE_TEMPLATE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma4-chat-template.jinja"
-NO_TEMPLATE = f"Google's chat template is not at {REFERENCE_TEMPLATE} (the shared folder beside the repository)"
+# Google's published chat template, vendored in tests/data (see its README for the source and
+# licence). Every chat-format test renders with it; a missing copy is an error, never a skip.
+REFERENCE_TEMPLATE = Path(__file__).resolve().parent / "data" / "gemma4-chat-template.jinja"
 
 
-def reference_template():
-    """Google's Gemma 4 chat template, or None where the shared folder is absent."""
-    return REFERENCE_TEMPLATE.read_text() if REFERENCE_TEMPLATE.is_file() else None
+def reference_template() -> str:
+    """Google's Gemma 4 chat template, as published with the checkpoints."""
+    return REFERENCE_TEMPLATE.read_text()
 
 
 CORPUS = [
@@ -188,9 +188,10 @@ def build_family_assistant(folder: Path, variant: str, seed: int = 1) -> Path:
     return build_assistant(folder, seed=seed, **ASSISTANTS[variant])
 
 
-def save_tokenizer(folder: Path) -> None:
+def save_tokenizer(folder: Path, chat_template: bool = True) -> None:
     """A byte-level BPE over a small corpus, with Gemma 4's special tokens at their real ids,
-    Google's chat template (when the shared folder has it), and the real stop tokens."""
+    Google's chat template (chat_template=False: none, as a base model or a hand-made
+    conversion has), and the real stop tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -208,9 +209,8 @@ def save_tokenizer(folder: Path) -> None:
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
         unk_token="<unk>", mask_token="<mask>", additional_special_tokens=SPECIAL_TOKENS[5:],
     )
-    template = reference_template()
-    if template is not None:
-        fast.chat_template = template
+    if chat_template:
+        fast.chat_template = reference_template()
     fast.save_pretrained(folder)
     # As the real checkpoints: a tool call ends when the model writes <|tool_response>.
     gen = Path(folder) / "generation_config.json"
