@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import DecoderLayer, ModelArgs
 
-from .target import SLIDING
+from .gemma4 import SLIDING
 
 
 @dataclass

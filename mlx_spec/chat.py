@@ -12,8 +12,11 @@ never wrong, and never more than the new turn, the last answer and a few tokens.
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from .chat_format import Message, assistant_message, parse_tool_calls, tool_result
-from .decoder import SequenceState, Stats
+from .generation import Generation
+from .options import Options
 from .reports import TokenReport
+from .sequence import SequenceState
+from .stats import Stats
 
 __all__ = ["ChatSession", "parse_tool_calls", "tool_result"]
 
@@ -27,22 +30,13 @@ class ChatSession:
         session.send(tool_result(call["name"], {...}, call["id"]))  # or a list of results at once
     """
 
-    def __init__(
-        self,
-        engine,
-        system_prompt: Optional[str] = None,
-        tools: Optional[List[dict]] = None,
-        max_tokens: int = 512,
-        thinking: bool = False,
-        **settings,
-    ):
+    def __init__(self, engine, options: Options, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None):
         engine._require_tokenizer("a chat session")
         self.engine = engine
         self.system_prompt = system_prompt
         self.tools = tools
-        self.max_tokens = max_tokens
-        self.thinking = thinking
-        self.settings = settings
+        # A long answer ends where the model's context does.
+        self.options = options.but(fit_context=True)
         self.last_result = None  # the GenerationResult of the last answer
         self.reset()
 
@@ -54,10 +48,12 @@ class ChatSession:
         self.state = SequenceState(self.engine.target)
 
     def set(self, **settings) -> None:
-        """Change decoding settings for the next turns (e.g. mtp=False, thinking=True); the
-        caches stay."""
-        self.thinking = settings.pop("thinking", self.thinking)
-        self.settings.update(settings)
+        """Change settings for the next turns (e.g. mtp=False, thinking=True); the caches stay."""
+        self.options = self.options.but(**settings)
+
+    @property
+    def thinking(self) -> bool:
+        return self.options.thinking
 
     @property
     def last_stats(self) -> Optional[Stats]:
@@ -82,26 +78,21 @@ class ChatSession:
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         new = list(message) if isinstance(message, list) else [message]
-        max_tokens = self.max_tokens if max_tokens is None else max_tokens
-        decoder = self.engine.decoder(**self.settings)
+        options = self.options if max_tokens is None else self.options.but(max_tokens=max_tokens)
         self.messages.extend(new)
+        generation = Generation(self.engine, self.messages, options, tools=self.tools, state=self.state)
         try:
-            tokens = self.engine.encode(self.messages, self.tools, self.thinking)
-            decoder.start(self.state, tokens, 1)
+            generation.start()
         except Exception:
             del self.messages[-len(new) :]
             raise
-        # A long answer ends where the model's context does.
-        max_tokens = min(max_tokens, self.engine.target.args.max_position_embeddings - len(self.state.tokens))
-        reports: List[TokenReport] = []
-        stream = self.engine.with_text(decoder.generate(self.state, max_tokens))
+        stream = iter(generation)
         try:
             for report in stream:
-                reports.append(report)
                 yield report
                 if should_stop():
                     break
         finally:
             stream.close()
-            self.last_result = result = self.engine.result(reports, decoder.stats)
+            self.last_result = result = generation.result
             self.messages.append(assistant_message(result.text, result.tool_calls, result.thinking))

@@ -10,11 +10,11 @@ from typing import List, Optional
 
 import click
 
-from .decoder import MAX_DRAFT_TOKENS
 from .family import NAMES
 from .loading import AUTO, DEFAULT_TARGET, QUANT_MODES, LoadError
 from .memory import DEFAULT_CONTEXT
-from .sampling import SamplingSettings, SettingsError
+from .options import Options
+from .sampling import SettingsError
 
 HELP = """Commands: /reset (forget the conversation), /stats (session figures),
 /mtp on|off (drafting), /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
@@ -59,13 +59,11 @@ def model_options(f):
     return f
 
 
-def check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens) -> None:
-    """Fail on impossible values before spending time on loading models."""
-    SamplingSettings(temp, top_k, top_p, seed)
-    if draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
-        raise SettingsError(f"--draft-tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
-    if max_tokens < 1:
-        raise SettingsError(f"--max-tokens must be >= 1, got {max_tokens}")
+def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=()) -> Options:
+    """The command line's flags as Options, checked before any time is spent on loading."""
+    return Options(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, seed=seed,
+                   mtp=False if no_mtp else None, draft_tokens=draft_tokens, lookup=not no_lookup,
+                   thinking=thinking, stop=tuple(stop))
 
 
 def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
@@ -83,11 +81,6 @@ def memory_settings() -> dict:
     return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False)}
 
 
-def decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup) -> dict:
-    return dict(temperature=temp, top_k=top_k, top_p=top_p, seed=seed, draft_tokens=draft_tokens,
-                mtp=False if no_mtp else None, lookup=not no_lookup)
-
-
 @click.group()
 @click.version_option(package_name="mlx-spec")
 def cli():
@@ -101,12 +94,9 @@ def cli():
 def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
          thinking, system_prompt, show_probs):
     """Chat with Gemma 4; the KV cache is kept across turns."""
-    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking)
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
-    session = engine.chat(
-        system_prompt=system_prompt, max_tokens=max_tokens, thinking=thinking,
-        **decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
-    )
+    session = engine.chat(system_prompt=system_prompt, options=options)
     interactive = sys.stdin.isatty()
     printer = TokenPrinter(show_probs, sys.stdout.isatty())
     totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
@@ -164,7 +154,7 @@ def run_command(line: str, session, totals: dict, engine) -> None:
         kept = f"{totals['kept']}/{totals['drafted']}"
         click.echo(
             f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
-            f"{session.state.cached} positions cached, mtp {'off' if session.settings.get('mtp') is False else 'on'}, "
+            f"{session.state.cached} positions cached, mtp {'off' if session.options.mtp is False else 'on'}, "
             f"thinking {'on' if session.thinking else 'off'}]"
         )
     elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
@@ -256,25 +246,24 @@ class TokenPrinter:
 @click.option("--system-prompt", default=None, help="System prompt.")
 @click.option("--raw", is_flag=True, help="Send the prompt as plain text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per token, then a stats line.")
+@click.option("--stop", multiple=True, help="End the answer before this string (left out); may be given more than once.")
 def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-             thinking, prompt, system_prompt, raw, as_json):
+             thinking, prompt, system_prompt, raw, as_json, stop):
     """Answer one prompt."""
-    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop)
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     request = prompt if raw else messages + [{"role": "user", "content": prompt}]
-    decoder = engine.decoder(**decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup))
-    steps = []
     printer = TokenPrinter(False, sys.stdout.isatty())
-    for report in engine.stream(request, max_tokens=max_tokens, thinking=thinking, decoder=decoder):
-        steps.append(report)
+    generation = engine.stream(request, options)
+    for report in generation:
         if as_json:
             click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
         else:
             printer.print(report)
-    result = engine.result(steps, decoder.stats)
+    result = generation.result
     if as_json:
         summary = {
             "stats": result.stats.to_dict(), "text": result.text, "thinking": result.thinking,
@@ -301,13 +290,11 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 
     The sampling flags, --max-tokens and --thinking are the defaults for requests that leave
     them out."""
-    check_settings(temp, top_k, top_p, seed, draft_tokens, max_tokens)
+    defaults = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking)
     if cache_gb < 0:
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
     from .server import serve as run_server  # FastAPI and uvicorn only for this command
 
-    defaults = dict(decode_settings(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup),
-                    max_tokens=max_tokens, thinking=thinking)
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level)

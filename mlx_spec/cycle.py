@@ -81,7 +81,7 @@ class Start:
 class CycleBuilder:
     def __init__(self, target: Target, settings: SamplingSettings, uniforms: dict, report: bool):
         self.target, self.settings, self.uniforms = target, settings, uniforms
-        self.verifier = Verifier.shared(settings, report)
+        self.verifier = Verifier(settings, report)
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
@@ -123,6 +123,7 @@ class CycleBuilder:
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
         context = DraftContext(
             tokens=state.tokens,
+            ngrams=state.ngrams,
             last_token=start.last,
             hidden=start.hidden,
             kv=self.target.drafter_buffers(state.cache),

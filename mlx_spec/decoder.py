@@ -23,7 +23,8 @@ from .launch import Launcher
 from .pieces import HostWork, Pieces
 from .reports import TokenReport, build_reports
 from .sampling import SamplingSettings, SettingsError, uniform_streams
-from .sequence import MAX_DRAFT_TOKENS, SequenceState
+from .gemma4 import MAX_DRAFT_TOKENS
+from .sequence import SequenceState
 from .stats import Stats
 from .target import Target, prefill, trim_cache
 
@@ -86,20 +87,11 @@ class Decoder:
         self.stats = Stats()
         self.launcher = Launcher(self.stats)
 
-    def check_room(self, prompt_tokens: int, max_tokens: int) -> None:
-        limit = self.target.args.max_position_embeddings
-        if prompt_tokens + max_tokens > limit:
-            raise SettingsError(
-                f"prompt too long: {prompt_tokens} tokens plus {max_tokens} to generate exceed the "
-                f"model's {limit} positions"
-            )
-
-    def start(self, state: SequenceState, tokens: List[int], max_tokens: int) -> None:
+    def start(self, state: SequenceState, tokens: List[int]) -> None:
         """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
         prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
-        target, and the point is checkpointed for the next turn to come back to. A prompt that
-        cannot fit changes nothing."""
-        self.check_room(len(tokens), max_tokens)
+        target, and the point is checkpointed for the next turn to come back to. (Whether the
+        prompt and its answer fit the context is the request path's to check: generation.py.)"""
         held = state.rewind(tokens)
         self.add_tokens(state, tokens[held:])
         state.checkpoint()
@@ -292,7 +284,5 @@ class Decoder:
         if unsent <= 0:
             return
         kept = pending.sent
-        del state.tokens[-unsent:]
-        state.generated -= unsent
-        state.hidden = pending.hidden_before if kept == 0 else pending.hidden[:, kept - 1 : kept]
+        state.take_back(unsent, pending.hidden_before if kept == 0 else pending.hidden[:, kept - 1 : kept])
         self.stats.generated_tokens -= unsent

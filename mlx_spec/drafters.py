@@ -23,8 +23,10 @@ import mlx.core as mx
 from .assistant import Assistant
 from .pieces import HostWork, run_through
 from .sampling import SamplingSettings, distribution
-from .target import FULL, SLIDING, SharedKV, Target
-from .target_pass import MAX_TRACES  # K/V buffer shapes a compiled step is kept for
+from .gemma4 import FULL, SLIDING
+from .ngrams import NgramIndex
+from .target import SharedKV, Target
+from .traces import TraceCache
 
 
 @dataclass
@@ -39,6 +41,9 @@ class DraftContext:
     # `tokens` then holds only the first ones. Drafters that read token values (reads_tokens)
     # are never asked to draft ahead.
     length: Optional[int] = None
+    # The sequence's n-gram index (see ngrams.py), for drafters that copy; a fresh one for a
+    # context made by hand.
+    ngrams: NgramIndex = field(default_factory=NgramIndex)
 
     @property
     def shared_kv(self) -> Dict[str, Tuple[mx.array, mx.array]]:
@@ -100,8 +105,7 @@ class MTPDrafter:
         self.target = target
         self.sample = sample
         self.position_offset = position_offset
-        self._steps = {}  # compiled draft steps, by sampling settings (None: argmax)
-        self._shapes = set()  # the K/V buffer shapes they were traced for
+        self.traces = TraceCache()  # compiled draft steps, by sampling settings and K/V buffer shapes
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         return run_through(self.draft_pieces(context, g))
@@ -131,16 +135,9 @@ class MTPDrafter:
         """One draft step as a compiled function: a few fused kernels instead of hundreds of
         primitives, and a few microseconds of host time instead of a Python trace. Its inputs
         keep their shapes from cycle to cycle (whole cache buffers, masked), so it is traced
-        again only when a cache grows its buffer. Every trace is kept, and buffer sizes depend
-        on where each conversation's caches grew: past MAX_TRACES shapes, the compiled steps
-        start afresh, so that a long-running server does not pile them up."""
-        if shapes not in self._shapes and len(self._shapes) >= MAX_TRACES:
-            self._steps, self._shapes = {}, set()
-        self._shapes.add(shapes)
+        again only when a cache grows its buffer (bounded: see traces.py)."""
         key = None if settings is None else settings.unseeded()
-        if key not in self._steps:
-            self._steps[key] = mx.compile(self._sampled_step(key) if key else self._argmax_step)
-        return self._steps[key]
+        return self.traces.get((key, shapes), lambda: self._sampled_step(key) if key else self._argmax_step)
 
     def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):
         kv, masks = {SLIDING: (ks, vs), FULL: (kf, vf)}, {SLIDING: ms, FULL: mf}
@@ -162,50 +159,19 @@ class MTPDrafter:
 
 
 class PromptLookup:
-    """Guesses by copying: find the longest recent n-gram (max_ngram down to min_ngram tokens)
-    that ends the settled text and occurred before, in the prompt or the generated text, and
-    propose what followed it. Free to compute, and right whenever the answer copies (a time
-    from a tool result, code being edited). Deterministic guesses: no q."""
+    """Guesses by copying: find the longest recent n-gram (4 down to 2 tokens) that ends the
+    settled text and occurred before, in the prompt or the generated text, and propose what
+    followed it. Free to compute, and right whenever the answer copies (a time from a tool
+    result, code being edited). Deterministic guesses: no q. The n-grams are indexed with the
+    sequence (`SequenceState.ngrams`), so a cycle costs O(new tokens), not O(context)."""
 
     reads_tokens = True
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._tokens: List[int] = []
-        self._last_seen: Dict[tuple, int] = {}  # n-gram -> the latest position just after it
-
-    def continuation(self, tokens: List[int], g: int) -> List[int]:
-        self._index(tokens)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(tokens) <= n:
-                continue
-            after = self._last_seen.get(tuple(tokens[-n:]))
-            if after is not None:
-                # Copy what followed, overlapping into the copy itself when the match runs up to
-                # the end (as LZ77 does), so a repeating pattern is continued for all g guesses.
-                out: List[int] = []
-                for j in range(after, after + g):
-                    out.append(tokens[j] if j < len(tokens) else out[j - len(tokens)])
-                return out
-        return []
-
-    def _index(self, tokens: List[int]) -> None:
-        """Index the n-grams that have a token after them, incrementally as text settles
-        (from scratch if the text is not an extension of what was indexed)."""
-        known = len(self._tokens)
-        if tokens[:known] != self._tokens:
-            self._tokens, self._last_seen, known = [], {}, 0
-        # An n-gram ending at position e - 1 is followed by tokens[e]; the final n-grams have
-        # nothing after them yet, so index up to the second to last token.
-        for end in range(max(known - 1, 1), len(tokens)):
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                if end - n >= 0:
-                    self._last_seen[tuple(tokens[end - n : end])] = end
-        self._tokens = list(tokens)
+    def continuation(self, context: DraftContext, g: int) -> List[int]:
+        return context.ngrams.continuation(context.tokens, g)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        guesses = self.continuation(context.tokens, g)
-        return Draft(mx.array(guesses, dtype=mx.int32), source="lookup")
+        return Draft(mx.array(self.continuation(context, g), dtype=mx.int32), source="lookup")
 
 
 class LookupThenMTP:
@@ -223,7 +189,7 @@ class LookupThenMTP:
         return None if last_source == "lookup" else self.mtp
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        guesses = self.lookup.continuation(context.tokens, g)
+        guesses = self.lookup.continuation(context, g)
         if guesses:
             return Draft(mx.array(guesses, dtype=mx.int32), source="lookup")
         return self.mtp.draft(context, g)

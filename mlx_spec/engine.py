@@ -4,15 +4,15 @@ Data flows one way: Engine -> Decoder -> (drafter, target, caches, sampling).
 """
 
 import numbers
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .assistant import Assistant
 from .chat import ChatSession
-from .chat_format import ANSWER, THOUGHT, Channels, for_template, parse_tool_calls
-from .decoder import Decoder, SequenceState, Stats
+from .chat_format import Channels, for_template
+from .decoder import Decoder
+from .generation import Generation, GenerationResult
 from .drafters import Drafter, LookupThenMTP, MTPDrafter, PromptLookup
 from .prompt_cache import PromptCache
 from .loading import (
@@ -27,22 +27,12 @@ from .loading import (
 )
 from .memory import DEFAULT_CONTEXT
 from .memory import check as check_memory
+from .options import Options, make
 from .reports import TokenReport
-from .sampling import SamplingSettings, SettingsError
+from .sampling import SettingsError
 from .target import Target
 
 Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]]]
-
-
-@dataclass
-class GenerationResult:
-    tokens: List[int]  # generated ids, a stop token included when one ended the answer
-    text: str  # the answer: no thought, no tool-call markup, no stop token ("" without a tokenizer)
-    steps: List[TokenReport]
-    stats: Stats
-    finish_reason: str  # "tool_calls", "stop" (a stop token) or "length" (max_tokens)
-    tool_calls: List[Dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments"}]
-    thinking: str = ""  # the thought, when thinking was on and the model thought
 
 
 class Engine:
@@ -107,30 +97,24 @@ class Engine:
         """The text of one token on its own (for the top-5 lists)."""
         return None if self.tokenizer is None else self.tokenizer.decode([token])
 
+    @property
+    def context_length(self) -> int:
+        """The positions the target can attend over: prompt and answer together."""
+        return self.target.args.max_position_embeddings
+
     # -- decoding --------------------------------------------------------------------------
 
-    def decoder(
-        self,
-        *,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: Optional[int] = None,
-        mtp: Optional[bool] = None,
-        draft_tokens: Optional[int] = None,
-        drafter: Optional[Drafter] = None,
-        lookup: bool = True,
-        report: bool = True,
-    ) -> Decoder:
-        """A decoder with these settings (see `generate`)."""
-        settings = SamplingSettings(temperature, top_k, top_p, seed)
-        if mtp is False:
+    def decoder(self, options: Optional[Options] = None, **settings) -> Decoder:
+        """A decoder for these options (see `generate`)."""
+        options = make(options, **settings)
+        drafter = options.drafter
+        if options.mtp is False:
             drafter = None
         elif drafter is None:
-            if mtp and self.mtp_drafter is None:
+            if options.mtp and self.mtp_drafter is None:
                 raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
-            drafter = self._default_drafter(lookup)
-        return Decoder(self.target, settings, drafter, draft_tokens, report, self.stop_tokens)
+            drafter = self._default_drafter(options.lookup)
+        return Decoder(self.target, options.sampling, drafter, options.draft_tokens, options.report, self.stop_tokens)
 
     def _default_drafter(self, lookup: bool) -> Optional[Drafter]:
         """Prompt lookup where the text has a match, the MTP assistant where not; either alone
@@ -144,45 +128,29 @@ class Engine:
     def stream(
         self,
         prompt: Prompt,
+        options: Optional[Options] = None,
         *,
-        max_tokens: int = 256,
         tools: Optional[List[dict]] = None,
-        thinking: bool = False,
-        decoder: Optional[Decoder] = None,
         cache: Optional[PromptCache] = None,
         **settings,
-    ) -> Iterator[TokenReport]:
-        """Yield a report for every generated token as it settles (see `generate`). With a
+    ) -> Generation:
+        """The answer as it settles: iterate for each token's report (see `generate` for the
+        settings); `.result` holds the GenerationResult once the iteration ended. With a
         `PromptCache`, a prompt that starts like an earlier one resumes its sequence."""
-        decoder = decoder or self.decoder(**settings)
-        tokens = self.encode(prompt, tools, thinking)
-        state = cache.take(tokens)[0] if cache is not None else SequenceState(self.target)
-        decoder.start(state, tokens, max_tokens)  # on an error the state, maybe half written, is dropped
-        try:
-            yield from self.with_text(decoder.generate(state, max_tokens))
-        finally:
-            if cache is not None:
-                cache.give_back(state)
+        return Generation(self, prompt, make(options, **settings), tools=tools, cache=cache)
 
     def generate(
         self,
         prompt: Prompt,
+        options: Optional[Options] = None,
         *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: Optional[int] = None,
-        mtp: Optional[bool] = None,
-        draft_tokens: Optional[int] = None,
-        drafter: Optional[Drafter] = None,
-        lookup: bool = True,
-        report: bool = True,
         tools: Optional[List[dict]] = None,
-        thinking: bool = False,
         cache: Optional[PromptCache] = None,
+        **settings,
     ) -> GenerationResult:
-        """Generate up to `max_tokens` tokens; the output is exactly the target's alone.
+        """Generate up to `max_tokens` tokens (default 256); the output is exactly the target's
+        alone. The settings are `Options`' fields, given as an Options object, as keywords, or
+        both (keywords win):
 
         temperature 0 is greedy; otherwise temperature, then top_k (0: off), then top_p (1: off).
         Drafting (the default): prompt-lookup guesses where the text repeats itself, the MTP
@@ -191,29 +159,22 @@ class Engine:
         mtp=False decodes with the target alone (True insists on a loaded assistant); `drafter`
         replaces both with any object following the drafter protocol. report=False skips the
         per-token distribution figures. thinking=True lets the model think first (its thought
-        comes back apart, in `result.thinking`). `tools`: OpenAI-style function declarations.
+        comes back apart, in `result.thinking`). stop=["..."] ends the answer before the first
+        of these strings (left out of the text). `tools`: OpenAI-style function declarations.
         """
-        decoder = self.decoder(
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, mtp=mtp,
-            draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
-        )
-        steps = list(self.stream(prompt, max_tokens=max_tokens, tools=tools, thinking=thinking, decoder=decoder, cache=cache))
-        return self.result(steps, decoder.stats)
-
-    def result(self, steps: List[TokenReport], stats: Stats) -> GenerationResult:
-        """The result of a finished generation from its reports."""
-        tokens = [s.token for s in steps]
-        calls = parse_tool_calls(self.decode(tokens))
-        finish = "tool_calls" if calls else "stop" if tokens and tokens[-1] in self.stop_tokens else "length"
-        text = "".join(s.text or "" for s in steps if s.channel == ANSWER)
-        thinking = "".join(s.text or "" for s in steps if s.channel == THOUGHT)
-        return GenerationResult(tokens, text, steps, stats, finish, calls, thinking)
+        generation = self.stream(prompt, options, tools=tools, cache=cache, **settings)
+        for _ in generation:
+            pass
+        return generation.result
 
     def chat(
-        self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None, thinking: bool = False, **settings
+        self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None,
+        options: Optional[Options] = None, **settings
     ) -> ChatSession:
-        """A multi-turn session that keeps the caches between turns (settings as `generate`)."""
-        return ChatSession(self, system_prompt=system_prompt, tools=tools, thinking=thinking, **settings)
+        """A multi-turn session that keeps the caches between turns (settings as `generate`;
+        max_tokens 512 unless given)."""
+        base = options if options is not None else make(max_tokens=512)
+        return ChatSession(self, make(base, **settings), system_prompt=system_prompt, tools=tools)
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):

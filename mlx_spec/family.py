@@ -10,13 +10,7 @@ checkpoint is downloaded (memory estimates) and to build random-weight models of
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-
-
-def _layers(pattern: int, count: int) -> list:
-    """`pattern - 1` sliding layers then a full one, repeated to `count` layers."""
-    one = [SLIDING] * (pattern - 1) + [FULL]
-    return (one * (count // pattern + 1))[:count]
+from .gemma4 import layer_pattern as _layers
 
 
 @dataclass(frozen=True)

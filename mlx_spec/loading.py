@@ -16,7 +16,8 @@ import mlx.nn as nn
 
 from .assistant import Assistant, AssistantConfig
 from .family import FAMILY, by_name, by_target, for_config
-from .target import FULL, SLIDING, Target, kv_heads
+from .gemma4 import head_dims, kv_heads, normalize_text_config, text_config
+from .target import Target
 
 DEFAULT_TARGET = FAMILY["e2b"].target
 DEFAULT_DRAFTER = FAMILY["e2b"].drafter
@@ -130,42 +131,6 @@ def _check_type(ckpt: Checkpoint, what: str, expected: Tuple[str, ...]) -> None:
     raise LoadError(f"{what} {ckpt.path}: model_type {model_type!r} is not one of {', '.join(expected)}")
 
 
-def _text_config(config: dict) -> dict:
-    """The language model's config: the whole config for gemma4_text, else its text_config."""
-    return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
-
-
-# transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
-# E2B): a config that leaves them out means what transformers makes of it.
-TRANSFORMERS_TEXT_DEFAULTS = {
-    "num_kv_shared_layers": 0,
-    "use_double_wide_mlp": False,
-    "final_logit_softcapping": None,
-    "attention_k_eq_v": False,
-    "enable_moe_block": False,
-}
-
-
-def _normalize_text_config(text: dict) -> dict:
-    """The text config as mlx-lm reads it. Newer transformers write the full layers' head size
-    and K/V head count to `per_layer_config` instead of `global_head_dim` and
-    `num_global_key_value_heads`; fill those in from the full layers. Keys a config leaves out get
-    transformers' defaults, not mlx-lm's."""
-    text = dict(text)
-    for key, value in TRANSFORMERS_TEXT_DEFAULTS.items():
-        text.setdefault(key, value)
-    per_layer = text.get("per_layer_config") or {}
-    layer_types = text.get("layer_types") or []
-    renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
-    for index, overrides in per_layer.items():
-        i = int(index)
-        if i < len(layer_types) and layer_types[i] == FULL:
-            for key, global_key in renames.items():
-                if key in overrides and text.get(global_key) is None:
-                    text[global_key] = overrides[key]
-    return text
-
-
 def _mlx_error(what: str, path: Path, error: Exception) -> LoadError:
     one_line = " ".join(str(error).split())
     return LoadError(f"{what} {path}: the weights do not fit the config: {one_line}")
@@ -177,7 +142,7 @@ def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
     path = resolve(path_or_repo, "target")
     ckpt = read_checkpoint(path, "target")
     _check_type(ckpt, "target", TARGET_TYPES)
-    text = _normalize_text_config(_text_config(ckpt.config))
+    text = normalize_text_config(text_config(ckpt.config))
     if ckpt.config["model_type"] == "gemma4_text":
         overrides = text
     else:
@@ -212,7 +177,7 @@ def load_drafter(
         def from_dict(config: dict) -> AssistantConfig:
             return AssistantConfig.from_dict(config, ckpt.generation_config)
 
-    overrides = {"text_config": _normalize_text_config(ckpt.config["text_config"])}
+    overrides = {"text_config": normalize_text_config(ckpt.config["text_config"])}
     try:
         assistant, _ = load_model(path, model_config=overrides, get_model_classes=lambda config: (Assistant, Config))
     except (ValueError, RuntimeError, KeyError) as e:
@@ -254,7 +219,7 @@ def check_pair(target: Target, assistant: Assistant, drafter_path: Path) -> None
         problems.append(f"backbone_hidden_size {cfg.backbone_hidden_size} != target hidden_size {args.hidden_size}")
     if assistant.vocab_size != args.vocab_size:
         problems.append(f"vocabulary {assistant.vocab_size} != target vocabulary {args.vocab_size}")
-    target_head = {SLIDING: args.head_dim, FULL: args.global_head_dim or args.head_dim}
+    target_head = head_dims(args)
     target_kv, drafter_kv = kv_heads(args), kv_heads(cfg.text)
     for i, (layer, kind) in enumerate(zip(assistant.model.layers, assistant.layer_types)):
         if kind not in target_head:
@@ -292,7 +257,7 @@ def _is_folder(name: str) -> bool:
 def drafter_for(ckpt: Checkpoint) -> str:
     """The assistant of the size this target has the structure of (any conversion or fine-tune
     of it), E2B's when none matches."""
-    size = for_config(_normalize_text_config(_text_config(ckpt.config)))
+    size = for_config(normalize_text_config(text_config(ckpt.config)))
     return size.drafter if size is not None else DEFAULT_DRAFTER
 
 

@@ -15,14 +15,16 @@ from typing import Optional
 
 import mlx.core as mx
 
-from .family import FULL, SLIDING, by_target
-from .loading import LoadError, _normalize_text_config
+from .family import by_target
+from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, head_dims, kv_heads, normalize_text_config
+from .gemma4 import text_config as language_config
+from .loading import LoadError
 
 GB = 1e9
 DEFAULT_CONTEXT = 8192
 # What a sliding cache holds beyond its window after a long prompt (cache.SlidingWindowCache):
-# the drafter's extra position, 16 positions to trim, and a prefill chunk of 512.
-SLIDING_SLACK = 1 + 16 + 512
+# the drafter's extra position, the positions it can trim, and a prefill chunk of 512.
+SLIDING_SLACK = 1 + TRIM_ALLOWANCE + 512
 
 
 @dataclass
@@ -54,20 +56,12 @@ def available_bytes() -> int:
 
 def kv_cache_bytes(text: dict, context: int) -> int:
     """Bytes of the target's K/V cache at `context` tokens, from its text config."""
-    n = text["num_hidden_layers"]
-    layer_types = text.get("layer_types") or []
-    cached = layer_types[: n - (text.get("num_kv_shared_layers") or 0)]
-    full_heads = text.get("num_key_value_heads", 1)
-    if text.get("attention_k_eq_v") and text.get("num_global_key_value_heads"):
-        full_heads = text["num_global_key_value_heads"]
-    per_position = {
-        SLIDING: text.get("num_key_value_heads", 1) * text["head_dim"],
-        FULL: full_heads * (text.get("global_head_dim") or text["head_dim"]),
-    }
+    heads, dims = kv_heads(text), head_dims(text)
+    per_position = {kind: heads[kind] * dims[kind] for kind in (SLIDING, FULL)}
     positions = {SLIDING: min(context, text["sliding_window"] + SLIDING_SLACK), FULL: context}
     dtype = text.get("dtype") or text.get("torch_dtype") or "bfloat16"
     item = 4 if dtype == "float32" else 2
-    return sum(2 * per_position[kind] * positions[kind] * item for kind in cached)
+    return sum(2 * per_position[kind] * positions[kind] * item for kind in cached_layer_types(text))
 
 
 def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT) -> Optional[Estimate]:
@@ -103,10 +97,10 @@ def _text_config(file: Path) -> Optional[dict]:
         return None
     if not isinstance(config, dict):
         return None
-    text = config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
+    text = language_config(config)
     if not isinstance(text, dict):
         return None
-    text = _normalize_text_config(text)  # per_layer_config's full-layer sizes, transformers' defaults
+    text = normalize_text_config(text)  # per_layer_config's full-layer sizes, transformers' defaults
     if "dtype" not in text and "torch_dtype" not in text:
         text["dtype"] = config.get("dtype") or config.get("torch_dtype")
     needed = ("num_hidden_layers", "head_dim", "sliding_window")

@@ -39,11 +39,11 @@ class SamplingSettings:
     def __post_init__(self):
         if not self.temperature >= 0:
             raise SettingsError(f"temperature must be >= 0, got {self.temperature}")
-        if not _is_integer(self.top_k) or self.top_k < 0:
+        if not is_integer(self.top_k) or self.top_k < 0:
             raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise SettingsError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (not _is_integer(self.seed) or not 0 <= self.seed < 2**64):
+        if self.seed is not None and (not is_integer(self.seed) or not 0 <= self.seed < 2**64):
             raise SettingsError(f"seed must be an integer in [0, 2**64), got {self.seed}")
         object.__setattr__(self, "top_k", int(self.top_k))
         if self.seed is not None:
@@ -68,7 +68,7 @@ class SamplingSettings:
         return cls(temperature, top_k, top_p, seed)
 
 
-def _is_integer(value) -> bool:
+def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -22,11 +22,10 @@ from typing import Dict, List, Optional, Sequence
 import mlx.core as mx
 
 from .cache import SlidingWindowCache
+from .gemma4 import TRIM_ALLOWANCE
+from .ngrams import NgramIndex
 from .target import Target, trim_cache
 
-MAX_DRAFT_TOKENS = 16
-# An early stop takes back a settled cycle and a queued one: up to 2 (g + 1) positions.
-MAX_TRIM = 2 * (MAX_DRAFT_TOKENS + 1)
 MAX_CHECKPOINTS = 4
 
 
@@ -51,7 +50,7 @@ class Checkpoint:
 class SequenceState:
     """The target's caches, the settled tokens and the last hidden state of one sequence."""
 
-    def __init__(self, target: Target, max_trim: int = MAX_TRIM):
+    def __init__(self, target: Target, max_trim: int = TRIM_ALLOWANCE):
         self.target = target
         self.max_trim = max_trim
         self.clear()
@@ -62,6 +61,17 @@ class SequenceState:
         self.hidden: Optional[mx.array] = None
         self.generated = 0  # tokens generated in the current answer, the index of the next uniform
         self.checkpoints: List[Checkpoint] = []
+        self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
+
+    def take_back(self, n: int, hidden: Optional[mx.array]) -> None:
+        """Take back the last `n` settled tokens (never handed to the caller); `hidden` is the
+        target's hidden state before the token that is last now."""
+        if n <= 0:
+            return
+        self.ngrams.cut(self.tokens, len(self.tokens) - n)
+        del self.tokens[-n:]
+        self.generated -= n
+        self.hidden = hidden
 
     @property
     def cached(self) -> int:
@@ -113,6 +123,7 @@ class SequenceState:
         if self.cached > length - 1:
             trim_cache(self.cache, self.cached - (length - 1))
             self.hidden = None  # unknown here; the next tokens added give it again
+        self.ngrams.cut(self.tokens, length)
         del self.tokens[length:]
         self.checkpoints = [cp for cp in self.checkpoints if cp.length <= length]
         return length

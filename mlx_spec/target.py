@@ -14,31 +14,8 @@ import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
 from .cache import FullCache, SlidingWindowCache
+from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, kv_source_layers
 from .target_pass import CompiledPass
-
-SLIDING = "sliding_attention"
-FULL = "full_attention"
-
-
-def kv_source_layers(layer_types: List[str], num_kv_shared_layers: int) -> Dict[str, int]:
-    """The last layer of each attention type that computes its own K/V (13 and 14 in E2B)."""
-    n_cached = len(layer_types) - num_kv_shared_layers
-    sources = {}
-    for i in range(n_cached):
-        sources[layer_types[i]] = i
-    missing = {SLIDING, FULL} - sources.keys()
-    if missing:
-        raise ValueError(f"no K/V-computing layer of type {sorted(missing)} in the target")
-    return sources
-
-
-def kv_heads(args) -> Dict[str, int]:
-    """K/V heads per attention type. Full layers whose keys equal their values may have a count
-    of their own (`num_global_key_value_heads`), as transformers and mlx-lm read the config."""
-    full = args.num_key_value_heads
-    if args.attention_k_eq_v and args.num_global_key_value_heads is not None:
-        full = args.num_global_key_value_heads
-    return {SLIDING: args.num_key_value_heads, FULL: full}
 
 
 @dataclass
@@ -75,7 +52,7 @@ class Target:
         self.lm = getattr(model, "language_model", model)
         self.text_model = self.lm.model
         self.args = self.lm.args
-        self.kv_layers = kv_source_layers(self.args.layer_types, self.args.num_kv_shared_layers)
+        self.kv_layers = kv_source_layers(self.args)
         self._compiled_pass = CompiledPass(self)
 
     @property
@@ -90,15 +67,11 @@ class Target:
     def window(self) -> int:
         return self.args.sliding_window
 
-    @property
-    def num_cached_layers(self) -> int:
-        return self.args.num_hidden_layers - self.args.num_kv_shared_layers
-
-    def make_cache(self, max_trim: int = 16) -> list:
+    def make_cache(self, max_trim: int = TRIM_ALLOWANCE) -> list:
         """Caches for the layers that compute K/V; the sliding ones can drop `max_trim` entries."""
         return [
             SlidingWindowCache(self.window, max_trim) if t == SLIDING else FullCache()
-            for t in self.args.layer_types[: self.num_cached_layers]
+            for t in cached_layer_types(vars(self.args))
         ]
 
     def hidden(self, tokens: mx.array, cache: list) -> mx.array:

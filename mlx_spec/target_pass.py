@@ -20,8 +20,8 @@ from typing import List, Optional, Tuple
 import mlx.core as mx
 
 from .cache import FullCache, SlidingWindowCache
+from .traces import TraceCache, shapes_of
 
-MAX_TRACES = 32  # input shapes a compiled step is kept for before it starts afresh
 MAX_POSITIONS = 32  # longer inputs (prefill chunks) take the plain pass
 
 
@@ -54,8 +54,8 @@ class CompiledPass:
 
     def __init__(self, target):
         self.target = target
-        self._compiled = None
-        self._shapes = set()
+        self.traces = TraceCache()  # one per input shape: pass length and buffer sizes
+        self._weights_ready = False
 
     @staticmethod
     def applies(tokens: mx.array, cache: list) -> bool:
@@ -85,15 +85,12 @@ class CompiledPass:
         return logits, hidden
 
     def _function(self, tokens: mx.array, buffers: List[mx.array]):
-        """The compiled pass. Its traces (one per input shape) pile up as buffers grow: past
-        MAX_TRACES shapes it starts afresh, so that a long-running server does not keep them."""
-        shapes = (tokens.shape, tuple((b.shape, b.dtype) for b in buffers))
-        if self._compiled is None or (shapes not in self._shapes and len(self._shapes) >= MAX_TRACES):
+        """The compiled pass for these input shapes (see traces.py)."""
+        if not self._weights_ready:
             # The weights enter the trace as constants: evaluated, or the trace would compute them.
             mx.eval(self.target.model.parameters())
-            self._compiled, self._shapes = mx.compile(self._pass), set()
-        self._shapes.add(shapes)
-        return self._compiled
+            self._weights_ready = True
+        return self.traces.get(shapes_of([tokens, *buffers]), lambda: self._pass)
 
     def _pass(self, tokens, offset, starts, *buffers):
         caches = [_BufferCache(buffers[2 * i], buffers[2 * i + 1], offset, starts[i]) for i in range(len(buffers) // 2)]

@@ -4,7 +4,7 @@ position, the acceptance rule and the per-token report figures, as compiled func
 Uncompiled, these are about a hundred small primitives per cycle, each one a kernel launch and
 each one built op by op in Python. Compiled, their element-wise chains fuse and the host replays
 a recorded graph. Their shapes depend only on the number of guesses g (and the vocabulary), so
-each is traced once per g and never again as the context grows.
+each is traced once per g and settings, and shared by every decoder (traces.py bounds them).
 """
 
 from typing import Dict, Tuple
@@ -13,42 +13,44 @@ import mlx.core as mx
 
 from .reports import report_arrays
 from .sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
+from .traces import TraceCache, shapes_of
+
+# Shared by every decoder: a new decoder with settings seen before traces nothing again.
+TRACES = TraceCache()
+
 
 class Verifier:
-    _shared: Dict[tuple, "Verifier"] = {}
-
-    @classmethod
-    def shared(cls, settings: SamplingSettings, report: bool) -> "Verifier":
-        """One verifier per sampling settings (the seed aside: uniforms are inputs), shared by
-        every decoder, so that a new decoder does not trace its graphs again."""
-        key = (settings.unseeded(), report)
-        if key not in cls._shared:
-            cls._shared[key] = cls(*key)
-        return cls._shared[key]
-
     def __init__(self, settings: SamplingSettings, report: bool):
-        self.settings, self.report = settings, report
-        self._match = mx.compile(self._match_graph)
-        self._ratio = mx.compile(self._ratio_graph)
+        # The seed only picks the uniforms, which are inputs: it is no part of a graph.
+        self.settings, self.report = settings.unseeded(), report
 
     def by_match(self, logits: mx.array, guesses: mx.array, uniforms: mx.array):
         """(kept, tokens, reports) for deterministic guesses (see `sampling.accept_by_match`).
         logits: [g + 1, V]; guesses: [g]; uniforms: [g + 1, 2]."""
-        return self._match(logits, guesses, uniforms)
+        return self._compiled("match", logits, guesses, uniforms)
 
     def by_ratio(self, logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform):
         """(kept, tokens, reports) for guesses sampled from q (see `sampling.accept_by_ratio`)."""
-        return self._ratio(logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
+        return self._compiled("ratio", logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
 
-    def _match_graph(self, logits, guesses, uniforms):
-        dist = distribution(logits, self.settings)
-        kept, tokens = accept_by_match(dist, guesses, uniforms)
-        return self._with_reports(logits, dist, kept, tokens)
+    def _compiled(self, rule: str, *inputs):
+        key = (rule, self.settings, self.report, shapes_of(inputs))
+        graph = _match_graph if rule == "match" else _ratio_graph
+        settings, report = self.settings, self.report
+        return TRACES.get(key, lambda: lambda *arrays: graph(settings, report, *arrays))(*inputs)
 
-    def _ratio_graph(self, logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform):
-        dist = distribution(logits, self.settings)
-        kept, tokens = accept_by_ratio(dist, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
-        return self._with_reports(logits, dist, kept, tokens)
 
-    def _with_reports(self, logits, dist, kept, tokens) -> Tuple[mx.array, mx.array, Dict[str, mx.array]]:
-        return kept, tokens, report_arrays(logits, dist, tokens) if self.report else {}
+def _match_graph(settings, report, logits, guesses, uniforms):
+    dist = distribution(logits, settings)
+    kept, tokens = accept_by_match(dist, guesses, uniforms)
+    return _with_reports(report, logits, dist, kept, tokens)
+
+
+def _ratio_graph(settings, report, logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform):
+    dist = distribution(logits, settings)
+    kept, tokens = accept_by_ratio(dist, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
+    return _with_reports(report, logits, dist, kept, tokens)
+
+
+def _with_reports(report, logits, dist, kept, tokens) -> Tuple[mx.array, mx.array, Dict[str, mx.array]]:
+    return kept, tokens, report_arrays(logits, dist, tokens) if report else {}

@@ -1,38 +1,61 @@
-"""Session-wide tiny checkpoints, built once per test run with transformers (no network)."""
+"""Session-wide tiny checkpoints, built once per test run with transformers (no network).
 
+The suite runs on every core (pytest-xdist, see pyproject.toml); the checkpoints are built once
+for all the workers, in the run's shared temporary folder, by whichever worker asks first.
+"""
+
+import json
 import os
 import shutil
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 import chat_script  # noqa: E402
 import tiny  # noqa: E402
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """`build(folder)`'s result (a JSON-able mapping of names to paths), built once per test
+    run and shared by every xdist worker: the first to ask builds it under a lock."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    folder, done = shared / f"built-{name}", shared / f"built-{name}.json"
+    with FileLock(str(shared / f"built-{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed half way
+            folder.mkdir()
+            done.write_text(json.dumps({k: str(v) for k, v in build(folder).items()}))
+    return {k: Path(v) for k, v in json.loads(done.read_text()).items()}
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("checkpoints")
-    return {
+    return built_once(tmp_path_factory, "checkpoints", lambda root: {
         "text": tiny.build_target(root / "target-text", "text"),
         "google": tiny.build_target(root / "target-google", "google", tokenizer=False),
         "assistant": tiny.build_assistant(root / "assistant", ordered=True),
         "assistant_plain": tiny.build_assistant(root / "assistant-plain", ordered=False),
-    }
+    })
 
 
 @pytest.fixture(scope="session")
 def no_template(checkpoints, tmp_path_factory):
     """The tiny text target with a tokenizer that has no chat template, as a base model or a
     hand-made conversion has (the weights are the text target's)."""
-    folder = tmp_path_factory.mktemp("no-template") / "target"
-    folder.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(checkpoints["text"] / name, folder / name)
-    tiny.save_tokenizer(folder, chat_template=False)
-    return folder
+
+    def build(root):
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(checkpoints["text"] / name, root / name)
+        tiny.save_tokenizer(root, chat_template=False)
+        return {"target": root}
+
+    return built_once(tmp_path_factory, "no-template", build)["target"]
 
 
 @pytest.fixture(scope="session")
@@ -52,25 +75,24 @@ def trained(checkpoints, tmp_path_factory):
     rendered with Google's template; see `chat_script`."""
     from mlx_spec import load
 
-    tokenizer = load(str(checkpoints["text"]), drafter=None).tokenizer
-    examples = [(chat_script.render(tokenizer, *prompt), chat_script.encode(tokenizer, answer))
-                for prompt, answer in chat_script.EXAMPLES]
-    return tiny.build_trained_target(tmp_path_factory.mktemp("trained") / "target", examples)
+    def build(root):
+        tokenizer = load(str(checkpoints["text"]), drafter=None).tokenizer
+        examples = [(chat_script.render(tokenizer, *prompt), chat_script.encode(tokenizer, answer))
+                    for prompt, answer in chat_script.EXAMPLES]
+        return {"target": tiny.build_trained_target(root / "target", examples)}
+
+    return built_once(tmp_path_factory, "trained", build)["target"]
 
 
 @pytest.fixture(scope="session")
 def family(tmp_path_factory):
     """Tiny checkpoints of each Gemma 4 size (tiny.VARIANTS), each built on first use:
     family(variant) -> {"target": folder, "assistant": folder}."""
-    root = tmp_path_factory.mktemp("family")
-    built = {}
 
     def get(variant):
-        if variant not in built:
-            built[variant] = {
-                "target": tiny.build_target(root / variant, variant=variant, tokenizer=False),
-                "assistant": tiny.build_family_assistant(root / f"{variant}-assistant", variant),
-            }
-        return built[variant]
+        return built_once(tmp_path_factory, f"family-{variant}", lambda root: {
+            "target": tiny.build_target(root / variant, variant=variant, tokenizer=False),
+            "assistant": tiny.build_family_assistant(root / f"{variant}-assistant", variant),
+        })
 
     return get

@@ -8,7 +8,6 @@ import pytest
 import tiny
 from mlx_spec import load
 from mlx_spec.adaptive import AdaptiveDraftLength
-from mlx_spec.drafters import PromptLookup
 from mlx_spec.engine import Engine
 from scripted import ScriptedDrafter
 
@@ -101,27 +100,6 @@ def test_policy_respects_the_budget():
     policy = AdaptiveDraftLength(8)
     assert all(policy.choose(budget=3) <= 2 for _ in range(20))
     assert policy.choose(budget=1) == 0
-
-
-@pytest.mark.parametrize(
-    "tokens, g, expected",
-    [
-        ([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 4, [4, 5, 6, 7]),  # copy what followed the last match
-        ([9, 9, 9, 9], 3, [9, 9, 9]),  # a repeat continues itself
-        ([1, 2, 3, 1, 2, 3, 1, 2], 5, [3, 1, 2, 3, 1]),
-        ([5, 6, 7, 8], 3, []),  # nothing repeats: no guesses
-        ([1, 2], 3, []),
-    ],
-)
-def test_prompt_lookup(tokens, g, expected):
-    assert PromptLookup().continuation(tokens, g) == expected
-
-
-def test_prompt_lookup_follows_edits_and_rollbacks():
-    lookup = PromptLookup()
-    assert lookup.continuation([1, 2, 3, 4, 1, 2], 2) == [3, 4]
-    assert lookup.continuation([1, 2, 3, 4, 1, 2, 3, 4, 7, 1, 2, 3], 2) == [4, 7]
-    assert lookup.continuation([1, 2, 5, 1, 2], 2) == [5, 1]  # not an extension: re-indexed
 
 
 @pytest.fixture(scope="module")

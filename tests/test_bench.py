@@ -157,7 +157,7 @@ def test_random_weights_of_each_size_at_small_width(name):
 
     from mlx_spec.engine import Engine
     from mlx_spec.family import FAMILY
-    from mlx_spec.target import kv_source_layers
+    from mlx_spec.gemma4 import kv_source_layers
 
     target_shape, drafter_shape, ordered = family_shape(name)
     small = dict(hidden_size=128, vocab_size=4096, vocab_size_per_layer_input=4096, intermediate_size=256,
@@ -172,7 +172,7 @@ def test_random_weights_of_each_size_at_small_width(name):
                              backbone=128, bits=4, ordered=ordered)
     args = target.args
     assert args.num_hidden_layers == FAMILY[name].text["num_hidden_layers"]
-    assert target.kv_layers == kv_source_layers(FAMILY[name].text["layer_types"], FAMILY[name].text["num_kv_shared_layers"])
+    assert target.kv_layers == kv_source_layers(FAMILY[name].text)
     assert args.enable_moe_block == (name == "26b-a4b") and args.attention_k_eq_v == (name != "e4b")
     assert isinstance(target.text_model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
     if args.enable_moe_block:

@@ -103,7 +103,7 @@ def check_turn(session, engine, previous_prompt: int, **settings):
     few = len(engine.tokenizer.encode("<|channel>thought\n<channel|>", add_special_tokens=False)) + 1
     assert stats.prompt_reused >= previous_prompt - few
     assert stats.prompt_tokens == prompt - 1 - stats.prompt_reused
-    expected = fresh(engine, session.messages[:-1], session.max_tokens, tools=session.tools, thinking=session.thinking, **settings)
+    expected = fresh(engine, session.messages[:-1], session.options.max_tokens, tools=session.tools, thinking=session.thinking, **settings)
     assert session.last_result.tokens == expected.tokens
     return prompt
 

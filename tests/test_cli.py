@@ -73,19 +73,22 @@ def endless(checkpoints, tmp_path_factory):
 
 
 def long_answer_prompt(checkpoints):
-    """A question the tiny model answers for more than 1,500 tokens (greedy, deterministic)."""
+    """A question the tiny model answers for more than LONG tokens (greedy, deterministic)."""
     engine = load(str(checkpoints["text"]), drafter=None)
     for question in ["What time is it?", "Hello there", "Tell me a story", "Why?", "Hi"]:
-        result = engine.generate([{"role": "user", "content": question}], max_tokens=1500, report=False)
+        result = engine.generate([{"role": "user", "content": question}], max_tokens=LONG, report=False)
         if result.finish_reason == "length":
             return question
     pytest.fail("no candidate question gives the tiny model a long answer")
 
 
+LONG = 600  # tokens: far more than are printed before Ctrl-C lands
+
+
 def test_ctrl_c_stops_the_answer_and_the_session_goes_on(endless):
     question = long_answer_prompt(endless)
     proc = subprocess.Popen(
-        command(endless, "chat", "--max-tokens", "3000"), stdin=subprocess.PIPE,
+        command(endless, "chat", "--max-tokens", str(LONG)), stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
     )
     try:
@@ -103,11 +106,11 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(endless):
     turns = answers_and_stats((output + rest).decode())
     assert len(turns) == 2 and turns[0][0].endswith("\n[stopped]\n")
     interrupted = int(turns[0][1][0])
-    assert 0 < interrupted < 3000
+    assert 0 < interrupted < LONG
     # The next turn is answered as a session stopped at the same token answers it in-process.
-    session = load(str(endless["text"]), str(endless["assistant"])).chat(max_tokens=3000)
+    session = load(str(endless["text"]), str(endless["assistant"])).chat(max_tokens=LONG)
     assert len(list(session.send(question, max_tokens=interrupted))) == interrupted
-    assert turns[1][0] == printed(session.send("Hi", max_tokens=3000))
+    assert turns[1][0] == printed(session.send("Hi"))
 
 
 def printed(reports) -> str:
@@ -183,10 +186,10 @@ def test_generate_reads_stdin_and_mtp_matches_no_mtp(checkpoints):
         (["--temp", "-1"], "temperature must be >= 0, got -1.0"),
         (["--top-p", "1.5"], r"top_p must be in \(0, 1\], got 1.5"),
         (["--top-k", "-3"], "top_k must be an integer >= 0"),
-        (["--draft-tokens", "-2"], "--draft-tokens must be between 0 and 16, got -2"),
-        (["--draft-tokens", "40"], "--draft-tokens must be between 0 and 16, got 40"),
+        (["--draft-tokens", "-2"], "draft_tokens must be between 0 and 16, got -2"),
+        (["--draft-tokens", "40"], "draft_tokens must be between 0 and 16, got 40"),
         (["--seed", "-1"], r"seed must be an integer in \[0, 2\*\*64\), got -1"),
-        (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+        (["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
         (["--bogus"], "No such option: --bogus|No such option '--bogus'"),
         (["--temp", "hot"], "'hot' is not a valid float"),
     ],
@@ -220,3 +223,16 @@ def test_unknown_command(checkpoints):
     assert "[unknown command '/frobnicate'; /help lists them]" in out.stdout
     assert "/reset (forget the conversation)" in out.stdout
     assert "[unknown command '/mtp maybe'" in out.stdout
+
+
+def test_generate_stops_at_a_string(checkpoints):
+    """--stop, checked on the text across token boundaries: the text before it is printed, and
+    the same answer without --stop goes on past it."""
+    base = [*command(checkpoints, "generate", "--raw", "--max-tokens", "40", "--json"), "--prompt", "Hello there"]
+    full = json.loads(run(base).stdout.splitlines()[-1])["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert len(stop) == 3, full
+    out = run([*base, "--stop", "never written", "--stop", stop])
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["text"] == full[: full.index(stop)] and summary["finish_reason"] == "stop"

@@ -125,12 +125,10 @@ def assert_same(expected, got):
 
 def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
     """Buffer sizes depend on where each conversation's caches grew, so a server sees ever new
-    ones: past MAX_TRACES shapes the compiled steps are dropped and traced again, and the tokens
-    stay the target's."""
-    import mlx_spec.drafters as drafters
-
-    monkeypatch.setattr(drafters, "MAX_TRACES", 1)
+    ones: past the bound the least recently used compiled steps are dropped and traced again
+    when needed, and the tokens stay the target's."""
     drafter = MTPDrafter(engine.mtp_drafter.assistant, engine.target)
+    drafter.traces.bound = 1
     from mlx_spec.sequence import SequenceState
 
     def tokens(**kwargs):
@@ -140,7 +138,7 @@ def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
         return [r.token for r in decoder.generate(state, 300)]
 
     assert tokens(drafter=drafter, draft_tokens=3) == tokens(mtp=False)
-    assert len(drafter._shapes) == 1 and len(drafter._steps) == 1
+    assert len(drafter.traces) == 1
 
 
 def walk(target, seed: int, length: int = 600):
@@ -224,8 +222,8 @@ def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch)
     import mlx_spec.target_pass as target_pass
     from mlx_spec.sequence import SequenceState
 
-    monkeypatch.setattr(target_pass, "MAX_TRACES", 1)
     compiled = engine.target._compiled_pass = target_pass.CompiledPass(engine.target)
+    compiled.traces.bound = 1
 
     def tokens(**kwargs):
         decoder = engine.decoder(**kwargs)
@@ -234,7 +232,28 @@ def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch)
         return [r.token for r in decoder.generate(state, 300)]
 
     assert tokens(draft_tokens=3) == tokens(mtp=False)
-    assert len(compiled._shapes) == 1
+    assert len(compiled.traces) == 1
+
+
+def test_compiled_functions_held_stay_under_their_bound(checkpoints):
+    """A long-running server is sent settings nobody foresaw: 200 distinct (temperature, top-k,
+    top-p) through one engine, each with its own compiled verification and draft steps, leave
+    no more compiled functions held than traces.MAX_TRACES per owner, and the latest settings
+    still decode exactly."""
+    from mlx_spec import load, traces, verify
+    from mlx_spec.drafters import MTPDrafter
+
+    engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    sampled = MTPDrafter(engine.mtp_drafter.assistant, engine.target, sample=True)
+    prompt = list(range(1, 30))
+    for i in range(200):
+        settings = dict(temperature=0.5 + i / 100, top_k=i % 7, top_p=1 - i / 1000, seed=i)
+        engine.generate(prompt, max_tokens=3, draft_tokens=2, drafter=sampled if i % 2 else None, **settings)
+    owners = [verify.TRACES, sampled.traces, engine.mtp_drafter.traces, engine.target._compiled_pass.traces]
+    assert all(len(o) <= traces.MAX_TRACES for o in owners), [len(o) for o in owners]
+    assert len(verify.TRACES) == traces.MAX_TRACES  # it did fill up: the bound was what held it
+    last = dict(temperature=0.5 + 199 / 100, top_k=199 % 7, top_p=1 - 199 / 1000, seed=199)
+    assert engine.generate(prompt, max_tokens=12, **last).tokens == engine.generate(prompt, max_tokens=12, mtp=False, **last).tokens
 
 
 def test_caches_laid_out_apart_take_the_plain_pass(checkpoints):

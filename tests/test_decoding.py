@@ -190,9 +190,12 @@ def test_reports(engine, prompt):
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_k=-1), "top_k must be an integer >= 0"),
-        (dict(draft_tokens=-1), "draft tokens must be between 0 and 16"),
-        (dict(draft_tokens=17), "draft tokens must be between 0 and 16"),
-        (dict(max_tokens=-1), "max_tokens must be >= 0"),
+        (dict(draft_tokens=-1), "draft_tokens must be between 0 and 16"),
+        (dict(draft_tokens=17), "draft_tokens must be between 0 and 16"),
+        (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+        (dict(max_tokens=2.5), "max_tokens must be an integer >= 1"),
+        (dict(stop=["ok", ""]), "stop strings must be non-empty strings"),
+        (dict(tempreature=0.5), "unknown setting 'tempreature'"),
     ],
 )
 def test_impossible_settings(engine, prompt, settings, message):
@@ -400,3 +403,32 @@ def test_guesses_outside_the_vocabulary_are_never_kept(engine, prompt, sampled):
     assert on.stats.kept == 0 and on.stats.drafted > 0
     if not sampled:  # the ratio rule draws corrections from other uniforms: same law, other tokens
         assert on.tokens == off.tokens
+
+
+def boundary_stop(steps):
+    """A stop string made of the end of one answer token's text and the start of the next's,
+    and the text before it."""
+    text, ends = "", []
+    for s in steps:
+        text += s.text or ""
+        ends.append(len(text))
+    for i in range(5, len(steps) - 1):
+        a, b = steps[i].text or "", steps[i + 1].text or ""
+        if steps[i].channel == steps[i + 1].channel == "answer" and len(a) >= 2 and len(b) >= 2:
+            stop = a[-2:] + b[:2]
+            return stop, text[: text.index(stop)]
+    raise AssertionError(f"no two neighbouring answer tokens of two characters in {text!r}")
+
+
+@pytest.mark.parametrize("mtp", [False, None])
+def test_stop_strings_across_token_boundaries(engine, prompt, mtp):
+    full = engine.generate(prompt, max_tokens=60, mtp=False)
+    stop, before = boundary_stop(full.steps)
+    cut = engine.generate(prompt, max_tokens=60, mtp=mtp, stop=["never written", stop])
+    assert cut.finish_reason == "stop" and cut.text == before and stop not in cut.text
+    assert cut.tokens == full.tokens[: len(cut.tokens)] and len(cut.tokens) < len(full.tokens)
+    # Streamed, the same text comes out token by token, and nothing of the stop string.
+    streamed = engine.stream(prompt, max_tokens=60, mtp=mtp, stop=stop)
+    assert "".join(r.text or "" for r in streamed) == before and streamed.result.text == before
+    # A stop string the answer never writes changes nothing.
+    assert engine.generate(prompt, max_tokens=60, stop=["\x00never"]).tokens == full.tokens

@@ -15,7 +15,8 @@ import tiny
 from mlx_spec import load
 from mlx_spec.engine import Engine
 from mlx_spec.loading import load_drafter, load_target
-from mlx_spec.target import FULL, SLIDING, prefill
+from mlx_spec.gemma4 import FULL, SLIDING
+from mlx_spec.target import prefill
 
 VARIANTS = ["e4b", "26b-a4b", "31b"]
 # float32 over wider layers than test_parity's; a wrong formula is off by 1e-2 or more.

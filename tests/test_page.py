@@ -119,7 +119,8 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     generation that thinks, answers and calls a tool (built by `ChatFormat` from the tokens)."""
     import json
 
-    from mlx_spec.decoder import Stats
+    from mlx_spec.generation import build_result
+    from mlx_spec.stats import Stats
     from mlx_spec.reports import TokenReport
     from mlx_spec.server.generation import Done, Token
     from mlx_spec.server.responses import ChatFormat
@@ -129,7 +130,7 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [engine.tokenizer.convert_tokens_to_ids("<|tool_response>")]
     steps = list(engine.with_text(TokenReport(t, drafted=i % 2 == 1, cycle=i, prob=0.9, rank=1, sampling_prob=1.0,
                                               candidates=1) for i, t in enumerate(ids)))
-    result = engine.result(steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
+    result = build_result(engine, steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
     form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=True)
     tokens = [Token(s, engine.piece(s.token), s.token in engine.stop_tokens) for s in steps]
     chunks = [form.first_chunk(), *filter(None, map(form.token_chunk, tokens)),

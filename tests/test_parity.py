@@ -7,7 +7,8 @@ import torch
 
 import tiny
 from mlx_spec.loading import load_drafter, load_target
-from mlx_spec.target import FULL, SLIDING, prefill
+from mlx_spec.gemma4 import FULL, SLIDING
+from mlx_spec.target import prefill
 
 TOL = 1e-4
 PROMPT_LEN = 5 * tiny.WINDOW  # several windows long

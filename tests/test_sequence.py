@@ -7,7 +7,8 @@ import pytest
 
 import tiny
 from mlx_spec.prompt_cache import PromptCache
-from mlx_spec.sequence import MAX_CHECKPOINTS, MAX_TRIM, SequenceState
+from mlx_spec.gemma4 import TRIM_ALLOWANCE as MAX_TRIM
+from mlx_spec.sequence import MAX_CHECKPOINTS, SequenceState
 
 PROMPT = 3 * tiny.WINDOW
 ANSWER = 6 * tiny.WINDOW  # longer than the sliding caches can trim back (MAX_TRIM)
@@ -25,7 +26,7 @@ def answer(engine, state, n=ANSWER, **settings):
 
 def start(engine, state, tokens, **settings):
     decoder = engine.decoder(**settings)
-    decoder.start(state, tokens, 1)
+    decoder.start(state, tokens)
     return decoder.stats
 
 
@@ -207,6 +208,8 @@ def test_a_prompt_too_long_changes_nothing(engine, tokens):
 
     state = conversation(engine, tokens)
     held, cached = list(state.tokens), state.cached
-    with pytest.raises(SettingsError, match="prompt too long"):
-        start(engine, state, tokens[:10] * 500)
+    from mlx_spec import Generation, Options
+
+    with pytest.raises(SettingsError, match="prompt too long"):  # the request path checks it first
+        Generation(engine, tokens[:10] * 500, Options(max_tokens=1), state=state).start()
     assert state.tokens == held and state.cached == cached

@@ -8,9 +8,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from mlx_spec import load
 from mlx_spec.chat_format import ANSWER, THOUGHT
-from mlx_spec.decoder import Stats
+from mlx_spec.stats import Stats
 from mlx_spec.reports import TokenReport
-from mlx_spec.server.generation import Done, StopStrings, Token
+from mlx_spec.generation import StopStrings, build_result
+from mlx_spec.server.generation import Done, Token
 from mlx_spec.server.responses import ChatFormat
 from mlx_spec.server.schemas import ChatRequest
 
@@ -32,7 +33,7 @@ def generated(engine, text, end):
 
 def test_a_generated_tool_call_comes_back_as_openai_tool_calls(engine):
     steps, tokens = generated(engine, "Let me check." + CALL, engine.tokenizer.convert_tokens_to_ids("<|tool_response>"))
-    result = engine.result(steps, Stats(generated_tokens=len(steps)))
+    result = build_result(engine, steps, Stats(generated_tokens=len(steps)))
     assert result.finish_reason == "tool_calls"
     form = ChatFormat("tiny", logprobs=True, top_logprobs=0, report=False)
     reply = ChatCompletion.model_validate(form.completion(40, tokens, Done(result, result.finish_reason, result.text)))
@@ -55,7 +56,7 @@ def test_a_generated_tool_call_comes_back_as_openai_tool_calls(engine):
 
 def test_thinking_goes_to_reasoning_content(engine):
     steps, tokens = generated(engine, "<|channel>thought\nHmm.<channel|>Hi!", engine.tokenizer.convert_tokens_to_ids("<turn|>"))
-    result = engine.result(steps, Stats())
+    result = build_result(engine, steps, Stats())
     assert (result.thinking, result.text, result.finish_reason) == ("Hmm.", "Hi!", "stop")
     form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=False)
     message = form.completion(10, tokens, Done(result, "stop", result.text))["choices"][0]["message"]

@@ -6,15 +6,16 @@ model's thread; responses.py: OpenAI's response objects; worker.py: the queue in
 model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
+from ..options import Options
 from .app import create_app
 from .worker import Worker
 
 __all__ = ["create_app", "serve", "Worker"]
 
 
-def serve(load: Callable[[], Any], model_id: str, defaults: Dict[str, Any], host: str = "127.0.0.1", port: int = 8080,
+def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str = "127.0.0.1", port: int = 8080,
           api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info") -> None:
     """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
     running answers are stopped, the model's thread ends, and the call returns."""

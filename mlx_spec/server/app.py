@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
+from ..options import Options
 from ..sampling import SettingsError
 from .generation import Done, Started, Token, generation
 from .responses import ChatFormat, CompletionFormat
@@ -29,10 +30,9 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files, no build step
 
 
-def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key: Optional[str] = None,
+def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Optional[str] = None,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """defaults: the server's settings for what a request leaves out (temperature, top_k,
-    top_p, seed, mtp, draft_tokens, lookup, max_tokens, thinking)."""
+    """defaults: the server's settings for what a request leaves out (the command line's)."""
     app = FastAPI(title="mlx-spec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.worker = worker
 
@@ -88,13 +88,8 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
         check_key(request)
         req = await parse(request, ChatRequest)
         check_model(req.model)
-        thinking = req.enable_thinking if req.enable_thinking is not None else defaults["thinking"]
         top = req.top_logprobs or 0
-        work = generation(
-            req.messages, settings=settings(req, defaults), max_tokens=req.limit,
-            default_max_tokens=defaults["max_tokens"], stops=req.stop or [], tools=req.active_tools,
-            thinking=thinking, report=bool(req.logprobs or req.x_report),
-        )
+        work = generation(req.messages, req.options(defaults), tools=req.active_tools)
         return await answer(request, worker.submit(work), ChatFormat(model_id, bool(req.logprobs), top, req.x_report),
                             req.stream, req.include_usage)
 
@@ -103,11 +98,7 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
         check_key(request)
         req = await parse(request, CompletionRequest)
         check_model(req.model)
-        work = generation(
-            req.prompt, settings=settings(req, defaults), max_tokens=req.limit,
-            default_max_tokens=defaults["max_tokens"], stops=req.stop or [],
-            report=req.logprobs is not None or req.x_report, as_written=True,
-        )
+        work = generation(req.prompt, req.options(defaults), as_written=True)
         return await answer(request, worker.submit(work), CompletionFormat(model_id, req.logprobs, req.x_report),
                              req.stream, req.include_usage)
 
@@ -118,17 +109,6 @@ def create_app(worker: Worker, model_id: str, defaults: Dict[str, Any], api_key:
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
-
-
-def settings(req, defaults: Dict[str, Any]) -> Dict[str, Any]:
-    """Decoding settings: the request's where it gives them, the server's elsewhere."""
-    pick = lambda name, default: default if name is None else name  # noqa: E731
-    mtp = defaults["mtp"] if req.mtp is None else req.mtp  # True insists on a loaded drafter
-    return dict(
-        temperature=pick(req.temperature, defaults["temperature"]), top_k=pick(req.top_k, defaults["top_k"]),
-        top_p=pick(req.top_p, defaults["top_p"]), seed=pick(req.seed, defaults["seed"]), mtp=mtp,
-        draft_tokens=defaults["draft_tokens"], lookup=defaults["lookup"],
-    )
 
 
 async def parse(request: Request, model):

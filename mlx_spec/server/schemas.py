@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from ..options import Options
+
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 
 
@@ -67,6 +69,20 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
+    def options(self, defaults: Options) -> Options:
+        """The request as Options: its settings where it gives them, the server's (`defaults`)
+        elsewhere. With no max_tokens, the server's default is cut to what the context leaves."""
+        given = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed, mtp=self.mtp)
+        given = {name: value for name, value in given.items() if value is not None}
+        if self.limit is None:
+            given.update(max_tokens=defaults.max_tokens, fit_context=True)
+        else:
+            given.update(max_tokens=self.limit, fit_context=False)
+        return defaults.but(stop=tuple(self.stop or ()), report=self.wants_report, **given, **self.own_options(defaults))
+
+    def own_options(self, defaults: Options) -> Dict[str, Any]:
+        return {}
+
 
 class ChatRequest(_Request):
     messages: List[Dict[str, Any]] = Field(min_length=1)
@@ -104,6 +120,13 @@ class ChatRequest(_Request):
         return value if isinstance(value, bool) else None
 
     @property
+    def wants_report(self) -> bool:
+        return bool(self.logprobs or self.x_report)
+
+    def own_options(self, defaults: Options) -> Dict[str, Any]:
+        return {"thinking": defaults.thinking if self.enable_thinking is None else self.enable_thinking}
+
+    @property
     def active_tools(self) -> Optional[List[Dict[str, Any]]]:
         return None if self.tool_choice == "none" else self.tools or None
 
@@ -134,6 +157,10 @@ class CompletionRequest(_Request):
     @property
     def limit(self) -> Optional[int]:
         return self.max_tokens
+
+    @property
+    def wants_report(self) -> bool:
+        return self.logprobs is not None or self.x_report
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -1,0 +1,98 @@
+"""Gemma 4's facts, in one place: attention types, which layers compute K/V, K/V heads per
+type, the text config as mlx-lm reads it, and how far a sliding-window cache must be trimmable.
+
+The loader, the memory check, the target, the family table and the sequence state all read them
+from here, so that a new size or variant changes one module.
+"""
+
+from typing import Any, Dict, List, Mapping
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+# The most guesses a cycle may verify (the command line's --draft-tokens bound).
+MAX_DRAFT_TOKENS = 16
+# How many of its newest positions a sliding-window cache must be able to drop, at any offset:
+# an early stop takes back a settled cycle and one queued after it, up to 2 (g + 1) positions.
+TRIM_ALLOWANCE = 2 * (MAX_DRAFT_TOKENS + 1)
+
+# transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
+# E2B): a config that leaves them out means what transformers makes of it.
+TRANSFORMERS_TEXT_DEFAULTS = {
+    "num_kv_shared_layers": 0,
+    "use_double_wide_mlp": False,
+    "final_logit_softcapping": None,
+    "attention_k_eq_v": False,
+    "enable_moe_block": False,
+}
+
+
+def as_mapping(config) -> Mapping[str, Any]:
+    """A config as a mapping: a dict as it is, a dataclass (mlx-lm's ModelArgs) by its fields."""
+    return config if isinstance(config, Mapping) else vars(config)
+
+
+def layer_pattern(period: int, count: int) -> List[str]:
+    """`period - 1` sliding layers then a full one, repeated to `count` layers."""
+    one = [SLIDING] * (period - 1) + [FULL]
+    return (one * (count // period + 1))[:count]
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: the whole config for gemma4_text, else its text_config."""
+    return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
+
+
+def normalize_text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
+    """The text config as mlx-lm reads it. Newer transformers write the full layers' head size
+    and K/V head count to `per_layer_config` instead of `global_head_dim` and
+    `num_global_key_value_heads`; fill those in from the full layers. Keys a config leaves out get
+    transformers' defaults, not mlx-lm's."""
+    text = dict(text)
+    for key, value in TRANSFORMERS_TEXT_DEFAULTS.items():
+        text.setdefault(key, value)
+    per_layer = text.get("per_layer_config") or {}
+    layer_types = text.get("layer_types") or []
+    renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
+    for index, overrides in per_layer.items():
+        i = int(index)
+        if i < len(layer_types) and layer_types[i] == FULL:
+            for key, global_key in renames.items():
+                if key in overrides and text.get(global_key) is None:
+                    text[global_key] = overrides[key]
+    return text
+
+
+def cached_layer_types(text: Mapping[str, Any]) -> List[str]:
+    """The attention type of each layer that computes (and caches) its own K/V: the layers
+    before the K/V-shared ones, which reuse the last of their type's."""
+    layer_types = list(text.get("layer_types") or [])
+    return layer_types[: len(layer_types) - (text.get("num_kv_shared_layers") or 0)]
+
+
+def kv_source_layers(text) -> Dict[str, int]:
+    """The last layer of each attention type that computes its own K/V (13 and 14 in E2B): the
+    K/V-shared layers and the MTP drafter read these."""
+    sources = {kind: i for i, kind in enumerate(cached_layer_types(as_mapping(text)))}
+    missing = {SLIDING, FULL} - sources.keys()
+    if missing:
+        raise ValueError(f"no K/V-computing layer of type {sorted(missing)} in the target")
+    return sources
+
+
+def kv_heads(text) -> Dict[str, int]:
+    """K/V heads per attention type. Full layers whose keys equal their values may have a count
+    of their own (`num_global_key_value_heads`), as transformers and mlx-lm read the config.
+    `text`: a text config, as a dict or as mlx-lm's ModelArgs."""
+    text = as_mapping(text)
+    sliding = text.get("num_key_value_heads") or 1
+    full = sliding
+    if text.get("attention_k_eq_v") and text.get("num_global_key_value_heads"):
+        full = text["num_global_key_value_heads"]
+    return {SLIDING: sliding, FULL: full}
+
+
+def head_dims(text) -> Dict[str, int]:
+    """Head size per attention type (full layers may have a wider one: `global_head_dim`)."""
+    text = as_mapping(text)
+    return {SLIDING: text["head_dim"], FULL: text.get("global_head_dim") or text["head_dim"]}

@@ -1,0 +1,179 @@
+"""The one request path: a prompt and its `Options` in, reports and a `GenerationResult` out.
+
+`Engine.generate` and `Engine.stream`, chat sessions, the command line and the server all go
+through `Generation`. It owns what every front end would otherwise write again:
+- the context check (the prompt and the tokens asked for must fit the model's positions, or
+  the answer is cut to what they leave when the options say so);
+- the sequence to decode in (a chat session's own, or one from a prompt cache, given back
+  whatever happens);
+- stop strings, checked on the text across token boundaries and left out of it;
+- building the result.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .chat_format import ANSWER, THOUGHT, parse_tool_calls
+from .options import Options
+from .reports import TokenReport
+from .sampling import SettingsError
+from .sequence import SequenceState
+from .stats import Stats
+
+
+@dataclass
+class GenerationResult:
+    tokens: List[int]  # generated ids, a stop token included when one ended the answer
+    text: str  # the answer: no thought, no tool-call markup, no stop token or string
+    steps: List[TokenReport]
+    stats: Stats
+    finish_reason: str  # "tool_calls", "stop" (a stop token or string) or "length" (max_tokens)
+    tool_calls: List[Dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments"}]
+    thinking: str = ""  # the thought, when thinking was on and the model thought
+
+
+class ContextError(SettingsError):
+    """The prompt and the tokens asked for do not fit the model's positions."""
+
+    def __init__(self, prompt_tokens: int, requested: int, context: int):
+        self.prompt_tokens, self.requested, self.context = prompt_tokens, requested, context
+        super().__init__(
+            f"prompt too long: {prompt_tokens} tokens plus {requested} to generate exceed the "
+            f"model's {context} positions"
+        )
+
+
+def tokens_to_generate(prompt_tokens: int, options: Options, context: int) -> int:
+    """How many tokens the answer may have: `options.max_tokens`, or with `fit_context` what
+    the context leaves, if less. A prompt that leaves no room is refused either way."""
+    room = context - prompt_tokens
+    if room < 1 or (options.max_tokens > room and not options.fit_context):
+        raise ContextError(prompt_tokens, options.max_tokens if room >= 1 else max(options.max_tokens, 1), context)
+    return min(options.max_tokens, room)
+
+
+class Generation:
+    """One answer. `start()` puts the prompt through the model (errors come from there);
+    iterating yields the reports of the tokens the caller may see; `result` is there once the
+    iteration ended (done, stopped, or left early).
+
+    as_written: stop strings are checked on the text as the model wrote it (channel markers and
+    labels kept, every channel), as a raw completion returns it; otherwise on the answer."""
+
+    def __init__(self, engine, prompt, options: Options, *, tools: Optional[List[dict]] = None,
+                 state: Optional[SequenceState] = None, cache=None, as_written: bool = False):
+        self.engine, self.prompt, self.options, self.tools = engine, prompt, options, tools
+        self.state, self.cache, self.as_written = state, cache, as_written
+        self.decoder = engine.decoder(options)
+        self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
+        self.prompt_tokens: Optional[int] = None
+        self.limit = 0
+        self.steps: List[TokenReport] = []  # every token generated, released or not
+        self.released: List[TokenReport] = []
+        self.result: Optional[GenerationResult] = None
+
+    @property
+    def text(self) -> str:
+        """The text the stop strings were checked on, up to the first stop string."""
+        return self.stops.text
+
+    def start(self) -> int:
+        """Encode the prompt, check that it fits, and put it through the model; returns its
+        length in tokens. A prompt that cannot fit changes nothing."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
+        tokens = self.engine.encode(self.prompt, self.tools, self.options.thinking)
+        self.limit = tokens_to_generate(len(tokens), self.options, self.engine.context_length)
+        if self.state is None:
+            self.state = self.cache.take(tokens)[0] if self.cache is not None else SequenceState(self.engine.target)
+        try:
+            self.decoder.start(self.state, tokens)
+        except BaseException:
+            self.cache = None  # a failed prompt's sequence never goes back to the prompt cache
+            raise
+        self.prompt_tokens = len(tokens)
+        return self.prompt_tokens
+
+    def __iter__(self) -> Iterator[TokenReport]:
+        self.start()
+        stream = self.engine.with_text(self.decoder.generate(self.state, self.limit))
+        try:
+            for step in stream:
+                self.steps.append(step)
+                yield from self._release(self.stops.feed(dataclasses.replace(step, text=step.raw) if self.as_written else step))
+                if self.stops.hit:
+                    break
+            yield from self._release(self.stops.flush())
+        finally:
+            stream.close()  # now, not when collected: the caches hold exactly what was handed over
+            self._give_back()
+            self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit)
+
+    def _release(self, reports: List[TokenReport]) -> Iterator[TokenReport]:
+        for report in reports:
+            self.released.append(report)
+            yield report
+
+    def _give_back(self) -> None:
+        if self.cache is not None and self.state is not None:
+            self.cache.give_back(self.state)
+            self.cache = None  # once
+
+
+def build_result(engine, steps: List[TokenReport], stats: Stats, stopped_by_string: bool = False) -> GenerationResult:
+    """The result of a finished generation from the reports handed out."""
+    tokens = [s.token for s in steps]
+    calls = parse_tool_calls(engine.decode(tokens))
+    finish = "tool_calls" if calls else "stop" if stopped_by_string or (tokens and tokens[-1] in engine.stop_tokens) else "length"
+    text = "".join(s.text or "" for s in steps if s.channel == ANSWER)
+    thinking = "".join(s.text or "" for s in steps if s.channel == THOUGHT)
+    return GenerationResult(tokens, text, steps, stats, finish, calls, thinking)
+
+
+class StopStrings:
+    """Holds back tokens while their text could still become a stop string; on one, releases
+    the text before it and says so. Only text in `channels` counts (None: every channel)."""
+
+    def __init__(self, stops: List[str], channels: Optional[Tuple[str, ...]] = (ANSWER,)):
+        self.stops, self.channels = stops, channels
+        self.longest = max((len(s) for s in stops), default=0)
+        self.text = ""
+        self.searched = 0  # stop strings cannot start before this
+        self.pending: List[Tuple[TokenReport, int, int]] = []  # (report, start, end) in self.text
+        self.hit = False
+
+    def feed(self, report: TokenReport) -> List[TokenReport]:
+        start = len(self.text)
+        if report.text and (self.channels is None or report.channel in self.channels):
+            self.text += report.text
+        self.pending.append((report, start, len(self.text)))
+        if not self.stops:
+            return self._release(len(self.text))
+        found = [i for i in (self.text.find(s, self.searched) for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            return self._cut(min(found))
+        held = max((k for k in range(1, min(self.longest, len(self.text) + 1))
+                    if any(s.startswith(self.text[-k:]) for s in self.stops)), default=0)
+        self.searched = max(self.searched, len(self.text) - self.longest + 1, 0)
+        return self._release(len(self.text) - held)
+
+    def flush(self) -> List[TokenReport]:
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> List[TokenReport]:
+        out = []
+        while self.pending and self.pending[0][2] <= upto:
+            out.append(self.pending.pop(0)[0])
+        return out
+
+    def _cut(self, at: int) -> List[TokenReport]:
+        out = []
+        for report, start, end in self.pending:
+            if start > at or (start == at and end > start):  # the stop string's own text, or after it
+                break
+            out.append(report if end <= at else dataclasses.replace(report, text=report.text[: at - start]))
+        self.pending = []
+        self.text = self.text[:at]
+        return out

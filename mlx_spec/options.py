@@ -1,0 +1,68 @@
+"""The settings of one generation, defined and checked once.
+
+Every front end (the Python API, chat sessions, the command line, the server) turns what it was
+given into an `Options` and hands it to the one generation path (generation.py). Impossible
+values are refused here, by name, before any model work.
+"""
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional, Tuple
+
+from .gemma4 import MAX_DRAFT_TOKENS
+from .sampling import SamplingSettings, SettingsError, is_integer
+
+
+@dataclass(frozen=True)
+class Options:
+    max_tokens: int = 256  # tokens to generate at most
+    temperature: float = 0.0  # 0 is greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: Optional[int] = None  # None: a fresh random seed
+    mtp: Optional[bool] = None  # False: the target alone; True: insist on a loaded drafter
+    draft_tokens: Optional[int] = None  # guesses per cycle, fixed; None: chosen each cycle
+    lookup: bool = True  # prompt-lookup guesses where the text repeats itself
+    report: bool = True  # the per-token distribution figures
+    thinking: bool = False  # let the model think first (chat prompts)
+    stop: Tuple[str, ...] = ()  # end the answer before any of these strings
+    # True: a max_tokens the context cannot hold is cut to what it leaves (a chat turn, a server
+    # request that named no max_tokens); False: it is refused.
+    fit_context: bool = False
+    drafter: Any = field(default=None, compare=False)  # any object with draft(context, g)
+
+    def __post_init__(self):
+        self.sampling  # checks temperature, top_k, top_p and seed
+        if not is_integer(self.max_tokens) or self.max_tokens < 1:
+            raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.draft_tokens is not None and (
+            not is_integer(self.draft_tokens) or not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS
+        ):
+            raise SettingsError(f"draft_tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {self.draft_tokens!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if not all(isinstance(s, str) and s for s in stop):
+            raise SettingsError(f"stop strings must be non-empty strings, got {list(stop)!r}")
+        object.__setattr__(self, "stop", stop)
+        if self.mtp is not None and not isinstance(self.mtp, bool):
+            raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(self.temperature, self.top_k, self.top_p, self.seed)
+
+    def but(self, **changes) -> "Options":
+        """These options with `changes`, checked; an unknown name is a SettingsError."""
+        unknown = set(changes) - NAMES
+        if unknown:
+            raise SettingsError(f"unknown setting {sorted(unknown)[0]!r}; the settings are {', '.join(sorted(NAMES))}")
+        return replace(self, **changes) if changes else self
+
+
+NAMES = frozenset(f.name for f in fields(Options))
+
+
+def make(options: Optional[Options] = None, **settings) -> Options:
+    """`options` (the defaults when None) with the keyword settings applied."""
+    return (options if options is not None else DEFAULTS).but(**settings)
+
+
+DEFAULTS = Options()
