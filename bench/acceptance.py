@@ -14,7 +14,7 @@ from common import arguments, build_engine, describe_models, header, machine, ma
 from runs import (SAMPLING, TEMPLATE, agreement, first_difference, loop_efficiency, run_mlx_lm, run_ours, warm_up,
                   workloads)
 
-# The seed's table: transformers on an Apple M5 (DESIGN.md section 7).
+# The seed's table: transformers on an Apple M5 (docs/design.md, section 6).
 SEED = {
     "tool call": ("12.6", "40.9", "34/35"),
     "answer from tool result": ("13.0", "22.6", "42/106"),

@@ -34,7 +34,7 @@ ROPE = {
     "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
     "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 1e4, "rope_type": "default"},
 }
-# Gemma 4 E2B and its assistant (DESIGN.md sections 2 and 3).
+# Gemma 4 E2B and its assistant (docs/design.md, sections 1 and 2).
 E2B = dict(
     hidden_size=1536, num_hidden_layers=35, intermediate_size=6144, num_attention_heads=8, head_dim=256,
     global_head_dim=512, num_key_value_heads=1, num_kv_shared_layers=20, vocab_size=262144,
@@ -69,7 +69,7 @@ def family_shape(name: str):
 
 
 SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "small"]
-# Memory bandwidth of Apple chips in GB/s (DESIGN.md section 6).
+# Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
 APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
 
 

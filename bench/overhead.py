@@ -27,7 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from common import E2B, E2B_ASSISTANT, arguments, header, machine, markdown, write_json
 from mlx_spec.assistant import Assistant, AssistantConfig
 from mlx_spec.cycle import CycleBuilder, Start
-from mlx_spec.drafters import DraftContext, MTPDrafter
+from mlx_spec.drafting import DraftContext, MTPDrafter
 from mlx_spec.reports import report_arrays
 from mlx_spec.sampling import SamplingSettings, accept_by_match, distribution, uniform_streams
 from mlx_spec.sequence import SequenceState
@@ -113,7 +113,7 @@ def node_counts(g: int) -> dict:
     for _ in range(2):  # the second call replays the trace the first one recorded
         mx.eval(logits, hidden, caches())
         trim_cache(state.cache, g + 1)
-        logits, hidden = target.decode(last, state.cache)
+        logits, hidden = target.forward(last, state.cache)
     counts["target pass, compiled"] = nodes(logits, hidden, *caches())
     mx.eval(logits, hidden, caches())
     settings = SamplingSettings.named("gemma")

@@ -12,12 +12,12 @@ import mlx.core as mx
 
 from common import arguments, build_engine, chip_bandwidth, describe_models, header, machine, markdown, median_ms, weight_bytes_per_pass, write_json
 from mlx_spec.decoder import SequenceState
-from mlx_spec.drafters import DraftContext
+from mlx_spec.drafting import DraftContext
 from mlx_spec.sampling import SamplingSettings
 from mlx_spec.target import trim_cache
 
 POSITIONS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
-SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (DESIGN.md section 6)
+SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (docs/design.md, section 5)
 
 
 def prefilled(engine, context: int) -> SequenceState:
@@ -33,7 +33,7 @@ def time_target(engine, state: SequenceState, n: int, repeats: int) -> float:
     tokens = mx.random.randint(0, engine.target.vocab_size, (1, n))
 
     def one_pass():
-        logits, hidden = engine.target.decode(tokens, state.cache)
+        logits, hidden = engine.target.forward(tokens, state.cache)
         mx.eval(logits, hidden)
         trim_cache(state.cache, n)
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_spec.decoder import SequenceState
-from mlx_spec.drafters import Draft, DraftContext, draft_in_pieces
+from mlx_spec.drafting import Draft, DraftContext, Drafter
 from mlx_spec.pieces import run_through
 from mlx_spec.sampling import SamplingSettings
 from mlx_spec.target import trim_cache
@@ -102,10 +102,13 @@ def warm_up(engine, prompt, settings: SamplingSettings, drafter=None) -> None:
     run_ours(engine, prompt, settings, 8, drafter=drafter, draft_tokens=6)
 
 
-class ControlledDrafter:
+class ControlledDrafter(Drafter):
     """The real drafter runs (its cost is real) but its guesses are replaced by the target's
     known continuation, each one broken with probability 1 - acceptance. With inner=None no
-    drafter runs: the guesses cost nothing, as prompt lookup's do when the text is a copy."""
+    drafter runs: the guesses cost nothing, as prompt lookup's do when the text is a copy.
+    It reads the position only, so it is drafted ahead as the MTP drafter is."""
+
+    drafts_ahead = True
 
     def __init__(self, inner, reference, vocab_size, acceptance, seed=0):
         self.inner, self.reference, self.vocab_size = inner, list(reference), vocab_size
@@ -113,9 +116,9 @@ class ControlledDrafter:
         self.rng = np.random.default_rng(seed)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        return run_through(self.draft_pieces(context, g))
+        return run_through(self.draft_steps(context, g))
 
-    def draft_pieces(self, context: DraftContext, g: int):
+    def draft_steps(self, context: DraftContext, g: int):
         """As the inner drafter works: a step per piece (see mlx_spec/pieces.py)."""
         start = context.position + 1
         right = (self.reference[start : start + g] + [0] * g)[:g]
@@ -123,7 +126,7 @@ class ControlledDrafter:
         guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)
         if self.inner is None:
             return Draft(guesses, source="copy")
-        drafted = yield from draft_in_pieces(self.inner, context, g)
+        drafted = yield from self.inner.draft_steps(context, g)
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
         return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)
 
@@ -143,7 +146,7 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5):
         tokens = mx.array([prompt[-n:]])
 
         def run():
-            mx.eval(engine.target.decode(tokens, state.cache))
+            mx.eval(engine.target.forward(tokens, state.cache))
             trim_cache(state.cache, n)
 
         return run
@@ -216,6 +219,6 @@ def first_difference(engine, prompt, a, b):
         return None
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt + a[:n])
-    logits, _ = engine.target.decode(mx.array([[state.tokens[-1]]]), state.cache)
+    logits, _ = engine.target.forward(mx.array([[state.tokens[-1]]]), state.cache)
     logits = logits[0, -1].astype(mx.float32)
     return n, (logits[a[n]] - logits[b[n]]).item()

@@ -5,7 +5,7 @@ back to the longest token prefix it shares with that rendering and sends only th
 the target (`Decoder.start`). With Google's template the rendering never extends what the
 session holds: the history leaves out the thought channel that ended the last prompt or began
 the last answer, and re-renders tool calls. So every turn goes back into the last answer, to a
-checkpoint kept at the end of the last prompt, and the rest of the answer is processed again:
+mark kept at the end of the last prompt, and the rest of the answer is processed again:
 never wrong, and never more than the new turn, the last answer and a few tokens.
 """
 

@@ -15,6 +15,7 @@ from .loading import AUTO, DEFAULT_TARGET, QUANT_MODES, LoadError
 from .memory import DEFAULT_CONTEXT
 from .options import Options
 from .sampling import SettingsError
+from .terminal import TokenPrinter, stats_line
 
 HELP = """Commands: /reset (forget the conversation), /stats (session figures),
 /mtp on|off (drafting), /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
@@ -183,61 +184,6 @@ def interruptible():
         yield stopped
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def stats_line(stats) -> str:
-    kept = "no drafting"
-    if stats.drafted:
-        sources = ", ".join(
-            f"{name} {stats.kept_by_source.get(name, 0)}/{n}" for name, n in sorted(stats.drafted_by_source.items())
-        )
-        kept = f"guesses kept {stats.kept}/{stats.drafted} ({sources}; {stats.mean_g:.1f} per cycle)"
-    gb = stats.peak_memory_gb
-    memory = f"{gb:.2f} GB" if gb >= 1 else f"{gb * 1000:.0f} MB"
-    return (
-        f"[{stats.generated_tokens} tokens, {stats.generation_tps:.1f} tok/s, "
-        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tps:.1f} tok/s ({stats.prompt_reused} reused), {kept}, "
-        f"peak memory {memory}]"
-    )
-
-
-class TokenPrinter:
-    """Prints tokens as they settle. A thought is dimmed in a terminal and set between
-    `[thinking]` and `[/thinking]` lines when piped; a tool call shows as `[tool call: ...]`.
-    With --show-probs: in a terminal, colour by probability (green likely, yellow unsure, red
-    unlikely) and underline kept guesses; when piped, [probability%, * for a kept guess] after
-    each token."""
-
-    def __init__(self, show_probs: bool, terminal: bool):
-        self.show_probs, self.terminal = show_probs, terminal
-        self.channel = "answer"
-
-    def print(self, report) -> None:
-        self._switch(report.channel)
-        text = report.text or ""
-        if self.show_probs and report.prob is not None and text:
-            if self.terminal:
-                colour = "green" if report.prob >= 0.8 else "yellow" if report.prob >= 0.3 else "red"
-                text = click.style(text, fg=colour, underline=report.drafted, dim=report.channel == "thought")
-            else:
-                text = f"{text}[{100 * report.prob:.0f}%{'*' if report.drafted else ''}]"
-        elif self.terminal and report.channel == "thought":
-            text = click.style(text, dim=True)
-        click.echo(text, nl=False)
-        sys.stdout.flush()
-
-    def _switch(self, channel: str) -> None:
-        if channel == self.channel:
-            return
-        closing = {"thought": "[/thinking]\n" if not self.terminal else "\n", "tool_call": "]"}
-        opening = {"thought": "[thinking]\n" if not self.terminal else "", "tool_call": "[tool call: "}
-        click.echo(closing.get(self.channel, "") + opening.get(channel, ""), nl=False)
-        self.channel = channel
-
-    def end(self) -> None:
-        """After an answer: close an open channel and the line."""
-        self._switch("answer")
-        click.echo()
 
 
 @cli.command()

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 import mlx.core as mx
 
-from .drafters import Draft, DraftContext, Drafter, draft_in_pieces
+from .drafting import Draft, DraftContext, Drafter
 from .pieces import HostWork, Pieces
 from .sampling import SamplingSettings, SettingsError
 from .sequence import SequenceState
@@ -105,7 +105,7 @@ class CycleBuilder:
         # embedding row out of bounds.
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
-        logits, hidden = self.target.decode(inputs, state.cache)
+        logits, hidden = self.target.forward(inputs, state.cache)
         t0, uniforms = start.generated, self.uniforms
         if draft.q is None:
             kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms["target"].take(t0, g + 1))
@@ -131,7 +131,7 @@ class CycleBuilder:
             uniforms=self.uniforms["draft"].take(start.generated, g),
             length=start.length,
         )
-        draft = yield from draft_in_pieces(drafter, context, g)
+        draft = yield from drafter.draft_steps(context, g)
         n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
         if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
             raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")

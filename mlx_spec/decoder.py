@@ -16,9 +16,8 @@ from typing import Iterator, List, Optional, Sequence
 import mlx.core as mx
 
 from .adaptive import AdaptiveDraftLength
-from .cache import restore_caches, snapshot_caches
 from .cycle import Cycle, CycleBuilder, Start
-from .drafters import Drafter, ahead_drafter
+from .drafting import Drafter, as_drafter
 from .launch import Launcher
 from .pieces import HostWork, Pieces
 from .reports import TokenReport, build_reports
@@ -26,7 +25,7 @@ from .sampling import SamplingSettings, SettingsError, uniform_streams
 from .gemma4 import MAX_DRAFT_TOKENS
 from .sequence import SequenceState
 from .stats import Stats
-from .target import Target, prefill, trim_cache
+from .target import Target
 
 __all__ = ["Decoder", "SequenceState", "Stats", "MAX_DRAFT_TOKENS"]
 ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
@@ -70,8 +69,7 @@ class Decoder:
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
         if drafter is not None and draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
-        if drafter is not None and not isinstance(drafter, Drafter):
-            raise SettingsError(f"drafter {drafter!r} has no draft(context, g) method")
+        drafter = as_drafter(drafter)
         self.target = target
         self.settings = settings
         self.drafter = drafter
@@ -90,11 +88,11 @@ class Decoder:
     def start(self, state: SequenceState, tokens: List[int]) -> None:
         """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
         prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
-        target, and the point is checkpointed for the next turn to come back to. (Whether the
+        target, and the point is marked for the next turn to come back to. (Whether the
         prompt and its answer fit the context is the request path's to check: generation.py.)"""
         held = state.rewind(tokens)
         self.add_tokens(state, tokens[held:])
-        state.checkpoint()
+        state.mark()
 
     def add_tokens(self, state: SequenceState, tokens: List[int]) -> None:
         """Append prompt tokens: all but the last go through the target now (in chunks). The
@@ -108,19 +106,9 @@ class Decoder:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         start = time.perf_counter()
         reused = state.cached
-        to_process = state.tokens[-1:] + tokens[:-1]
-        if to_process:
-            try:
-                hidden = prefill(self.target, mx.array([to_process]), state.cache, self.prefill_chunk)
-                mx.eval(hidden)
-            except BaseException:
-                state.clear()
-                raise
-            state.hidden = hidden
-        state.tokens.extend(tokens)
-        state.generated = 0
+        processed = state.add_prompt(tokens, self.prefill_chunk)
         self.stats.prompt_reused += reused
-        self.stats.prompt_tokens += len(to_process)
+        self.stats.prompt_tokens += processed
         self.stats.prompt_seconds += time.perf_counter() - start
 
     def generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
@@ -176,12 +164,10 @@ class Decoder:
             # However it ends (done, a stop, the caller leaving early, an error), the state must
             # hold exactly the tokens handed over: drop the rest, and every queued position.
             if ahead is not None and ahead.snapshot is not None:
-                restore_caches(state.cache, ahead.snapshot)
+                state.restore(ahead.snapshot)
             self._withdraw()  # a probe chosen for a cycle that never settled is still to come
             self._unsettle(state, pending)
-            excess = state.cached - (len(state.tokens) - 1)
-            if excess > 0:
-                trim_cache(state.cache, excess)
+            state.trim_to_settled()
             self.stats.generation_seconds += time.perf_counter() - start
             self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
@@ -201,19 +187,19 @@ class Decoder:
         if budget - settles < 1 or p < AHEAD_BELIEF:
             return None
         g = self._choose_g(budget - settles)
-        drafter = ahead_drafter(self.drafter, running.source) if g > 0 else None
+        drafter = self.drafter.for_ahead(running.source) if g > 0 else None
         if g > 0 and drafter is None:
             self._withdraw()
             return None  # the drafter needs the tokens on the host: the cycle waits for them
         # A certain outcome is launched at once; only an uncertain one may have to be undone.
-        snapshot = None if certain else snapshot_caches(state.cache)
+        snapshot = None if certain else state.snapshot()
         # The caches hold the running cycle's g + 1 positions; keep those its outcome keeps.
-        trim_cache(state.cache, running.g + 1 - settles)
+        state.trim(running.g + 1 - settles)
         try:
             cycle = yield from self.builder.pieces(state, Start.ahead(state, running, settles), g, drafter)
         except BaseException:  # a failure, or the launch around it failed and closed it
             if snapshot is not None:
-                restore_caches(state.cache, snapshot)
+                state.restore(snapshot)
             raise
         return _Ahead(cycle, settles, snapshot)
 
@@ -225,9 +211,9 @@ class Decoder:
         """The running cycle settled otherwise than assumed: drop the cycle built ahead."""
         self._withdraw()
         if ahead.snapshot is not None:
-            restore_caches(state.cache, ahead.snapshot)
+            state.restore(ahead.snapshot)
         else:  # launched already (its outcome was certain but a stop token came): trim it
-            trim_cache(state.cache, ahead.cycle.g + 1)
+            state.trim(ahead.cycle.g + 1)
 
     def _launch(self, state: SequenceState, cycle: Cycle, ahead: Optional[HostWork] = None) -> Optional[_Ahead]:
         """Launch the rest of the cycle, building the next one (`_build_ahead`) in between;
@@ -271,10 +257,8 @@ class Decoder:
         reports = build_reports(fetched, tokens, [i < kept for i in range(n)], self.stats.cycles)
         if not trimmed:
             # The caches hold the last settled token and g guesses; keep it and n - 1 guesses.
-            trim_cache(state.cache, cycle.g + 1 - n)
-        state.hidden = cycle.hidden[:, n - 1 : n]
-        state.tokens.extend(tokens)
-        state.generated += n
+            state.trim(cycle.g + 1 - n)
+        state.settle(tokens, cycle.hidden[:, n - 1 : n])
         self.stats.count(cycle.g, cycle.source, min(kept, n), n)
         return reports
 

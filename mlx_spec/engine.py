@@ -13,7 +13,7 @@ from .chat import ChatSession
 from .chat_format import Channels, for_template
 from .decoder import Decoder
 from .generation import Generation, GenerationResult
-from .drafters import Drafter, LookupThenMTP, MTPDrafter, PromptLookup
+from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
 from .prompt_cache import PromptCache
 from .loading import (
     AUTO,
@@ -93,7 +93,7 @@ class Engine:
         return self.tokenizer.decode([t for t in tokens if t not in self.stop_tokens])
 
     @lru_cache(maxsize=65536)
-    def piece(self, token: int) -> Optional[str]:
+    def token_text(self, token: int) -> Optional[str]:
         """The text of one token on its own (for the top-5 lists)."""
         return None if self.tokenizer is None else self.tokenizer.decode([token])
 
@@ -123,7 +123,7 @@ class Engine:
             return self.mtp_drafter
         if self.mtp_drafter is None:
             return self.lookup
-        return LookupThenMTP(self.lookup, self.mtp_drafter)
+        return Chain([self.lookup, self.mtp_drafter])
 
     def stream(
         self,
@@ -192,7 +192,7 @@ class Engine:
                 detok.add_token(report.token)
                 report.raw = detok.last_segment
                 report.channel, report.text = channels.feed(report.token, report.raw)
-            report.top = [(t, p, self.piece(t)) for t, p, _ in report.top]
+            report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
             yield report
 
 

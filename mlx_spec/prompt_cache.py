@@ -1,7 +1,7 @@
 """A prompt cache shared by several conversations.
 
 An agent sends the whole conversation again with every request. The cache keeps the sequences
-of recent requests (their caches and checkpoints); a new prompt resumes the one it shares the
+of recent requests (their caches and marks); a new prompt resumes the one it shares the
 longest token prefix with (`SequenceState.rewind`), so only what follows goes through the
 target. Memory is bounded: the least recently used sequences go first.
 """

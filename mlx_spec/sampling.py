@@ -7,7 +7,7 @@ The sampling distribution: temperature, then top-k, then top-p (the smallest set
 likely tokens whose mass reaches top_p, the token that crosses it included), renormalised.
 Temperature 0 means greedy: argmax, ties to the lowest id.
 
-Acceptance rules (DESIGN.md section 4), both exact:
+Acceptance rules, both exact:
 - `accept_by_match`: the target draws its own token at every position from one uniform per
   output index; a guess is kept while it equals that draw. For a deterministic (argmax) guess x
   this accepts with probability p(x) and otherwise yields a draw from p without x, renormalised.

@@ -1,19 +1,22 @@
 """One sequence being decoded, and going back in it.
 
 A `SequenceState` holds the target's caches, the settled tokens (the last one is not yet in the
-caches) and the target's hidden state at the last cached position.
+caches), the target's hidden state at the last cached position, the marks it can go back to and
+its prompt-lookup index. It is the only thing that changes them: the decoding loop, chat
+sessions, the prompt cache and the request path call its methods (prompt tokens in, a cycle's
+tokens settled, positions trimmed, caches put back, unsent tokens taken back, a rewind).
 
 Going back is the one mechanism behind chat sessions, the prompt cache and the decoding loop:
 - full-attention caches (mlx-lm's `KVCache`) can drop any number of their newest positions;
 - the sliding-window caches only `max_trim` below the furthest position they reached, since
-  older entries have left the window. A checkpoint keeps them as they stood at a chosen point
+  older entries have left the window. A mark keeps them as they stood at a chosen point
   (the end of a prompt): a reference to their buffers, no copy until the next write, which
-  copies each buffer once (about 10 MB for Gemma 4 E2B; see `Checkpoint.nbytes`).
+  copies each buffer once (about 10 MB for Gemma 4 E2B; see `Mark.nbytes`).
 
 `rewind(tokens)` goes back to the longest prefix of `tokens` the state can resume from: by
-trimming where the sliding caches allow it; else from the latest checkpoint at or a few tokens
+trimming where the sliding caches allow it; else from the latest mark at or a few tokens
 after that point, trimmed (Gemma 4's empty thought channel at the end of a prompt, which the
-template leaves out when it renders the history); else from the latest checkpoint before it.
+template leaves out when it renders the history); else from the latest mark before it.
 """
 
 from dataclasses import dataclass
@@ -21,29 +24,29 @@ from typing import Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
-from .cache import SlidingWindowCache
+from .cache import SlidingWindowCache, restore_caches, snapshot_caches
 from .gemma4 import TRIM_ALLOWANCE
 from .ngrams import NgramIndex
-from .target import Target, trim_cache
+from .target import Target, prefill, trim_cache
 
-MAX_CHECKPOINTS = 4
+MAX_MARKS = 4
 
 
 @dataclass
-class Checkpoint:
-    length: int  # settled tokens at the checkpoint; the caches held length - 1 positions
+class Mark:
+    length: int  # settled tokens at the mark; the caches held length - 1 positions
     sliding: Dict[int, tuple]  # cache index -> SlidingWindowCache.snapshot()
     hidden: Optional[mx.array]
 
     def trimmable_to(self, offset: int, max_trim: int) -> bool:
         """Whether the sliding caches, restored, can be trimmed to `offset` positions: no lower
         than `max_trim` below the furthest position each had written when it was taken (which
-        is beyond the checkpoint when the state had been trimmed back before it)."""
+        is beyond the mark when the state had been trimmed back before it)."""
         return all(furthest - max_trim <= offset for *_, furthest in self.sliding.values())
 
     @property
     def nbytes(self) -> int:
-        """What the checkpoint holds once the caches have moved on (their buffers' size)."""
+        """What the mark holds once the caches have moved on (their buffers' size)."""
         return sum(k.nbytes + v.nbytes for k, v, *_ in self.sliding.values() if k is not None)
 
 
@@ -60,8 +63,50 @@ class SequenceState:
         self.tokens: List[int] = []
         self.hidden: Optional[mx.array] = None
         self.generated = 0  # tokens generated in the current answer, the index of the next uniform
-        self.checkpoints: List[Checkpoint] = []
+        self.marks: List[Mark] = []
         self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
+
+    def add_prompt(self, tokens: List[int], chunk: int = 512) -> int:
+        """Append prompt tokens: the last settled token and all the new ones but the last go
+        through the target now (in chunks of `chunk`); returns how many went through. The tokens
+        generated after them are a new answer (its uniforms start again at index 0). If the
+        target fails on them, the state is emptied: its caches may be half written."""
+        to_process = self.tokens[-1:] + list(tokens[:-1])
+        if to_process:
+            try:
+                hidden = prefill(self.target, mx.array([to_process]), self.cache, chunk)
+                mx.eval(hidden)
+            except BaseException:
+                self.clear()
+                raise
+            self.hidden = hidden
+        self.tokens.extend(tokens)
+        self.generated = 0
+        return len(to_process)
+
+    def settle(self, tokens: List[int], hidden: mx.array) -> None:
+        """A cycle's output tokens are settled; `hidden` is the target's hidden state at the
+        position before the last of them. (The caches must already hold all but that last.)"""
+        self.tokens.extend(tokens)
+        self.generated += len(tokens)
+        self.hidden = hidden
+
+    def trim(self, n: int) -> None:
+        """Drop the newest `n` positions of every cache (none when n <= 0)."""
+        trim_cache(self.cache, n)
+
+    def trim_to_settled(self) -> None:
+        """Drop every cached position past the settled tokens (a cycle queued, then not kept)."""
+        self.trim(self.cached - (len(self.tokens) - 1))
+
+    def snapshot(self) -> list:
+        """The caches as they stand, for `restore`: references to their buffers, no copies."""
+        return snapshot_caches(self.cache)
+
+    def restore(self, snapshot: list) -> None:
+        """Put the caches back as they stood at `snapshot` (what was written since is never
+        computed)."""
+        restore_caches(self.cache, snapshot)
 
     def take_back(self, n: int, hidden: Optional[mx.array]) -> None:
         """Take back the last `n` settled tokens (never handed to the caller); `hidden` is the
@@ -79,22 +124,22 @@ class SequenceState:
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the caches and what the checkpoints keep alive."""
+        """Memory held: the caches and what the marks keep alive."""
         held = sum(c.keys.nbytes + c.values.nbytes for c in self.cache if c.keys is not None)
-        return held + sum(cp.nbytes for cp in self.checkpoints)
+        return held + sum(cp.nbytes for cp in self.marks)
 
     def _sliding(self):
         return [(i, c) for i, c in enumerate(self.cache) if isinstance(c, SlidingWindowCache)]
 
-    def checkpoint(self) -> None:
+    def mark(self) -> None:
         """Remember this point (every token settled) so that `rewind` can come back to it."""
         if not self.tokens or self.cached != len(self.tokens) - 1:
-            raise ValueError("a checkpoint needs a settled state: every token but the last in the caches")
-        if self.checkpoints and self.checkpoints[-1].length == len(self.tokens):
-            self.checkpoints.pop()
+            raise ValueError("a mark needs a settled state: every token but the last in the caches")
+        if self.marks and self.marks[-1].length == len(self.tokens):
+            self.marks.pop()
         sliding = {i: c.snapshot() for i, c in self._sliding()}
-        self.checkpoints.append(Checkpoint(len(self.tokens), sliding, self.hidden))
-        del self.checkpoints[:-MAX_CHECKPOINTS]
+        self.marks.append(Mark(len(self.tokens), sliding, self.hidden))
+        del self.marks[:-MAX_MARKS]
 
     def resumable(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` `rewind(tokens)` would keep (nothing changes)."""
@@ -109,35 +154,35 @@ class SequenceState:
         keep = min(common, len(tokens) - 1)
         if keep == len(self.tokens):
             return keep
-        length, checkpoint = self._resume_point(keep)
+        length, mark = self._resume_point(keep)
         if length == 0:
             self.clear()
             return 0
-        if checkpoint is not None:
+        if mark is not None:
             for i, c in enumerate(self.cache):
-                if i in checkpoint.sliding:
-                    c.restore(checkpoint.sliding[i])
+                if i in mark.sliding:
+                    c.restore(mark.sliding[i])
                 else:  # full attention: its older positions never changed
-                    c.trim(c.offset - (checkpoint.length - 1))
-            self.hidden = checkpoint.hidden
+                    c.trim(c.offset - (mark.length - 1))
+            self.hidden = mark.hidden
         if self.cached > length - 1:
-            trim_cache(self.cache, self.cached - (length - 1))
+            self.trim(self.cached - (length - 1))
             self.hidden = None  # unknown here; the next tokens added give it again
         self.ngrams.cut(self.tokens, length)
         del self.tokens[length:]
-        self.checkpoints = [cp for cp in self.checkpoints if cp.length <= length]
+        self.marks = [cp for cp in self.marks if cp.length <= length]
         return length
 
     def _resume_point(self, keep: int):
-        """(length, checkpoint or None): the longest prefix of at most `keep` tokens to go
-        back to, and the checkpoint to restore first."""
+        """(length, mark or None): the longest prefix of at most `keep` tokens to go
+        back to, and the mark to restore first."""
         target = keep - 1  # cache positions to hold
         if all(c.trimmable_to(target) for _, c in self._sliding()):
             return keep, None
-        for cp in reversed(self.checkpoints):
+        for cp in reversed(self.marks):
             if cp.length - 1 >= target and cp.trimmable_to(target, self.max_trim):
                 return keep, cp
-        before = [cp for cp in self.checkpoints if cp.length <= keep]
+        before = [cp for cp in self.marks if cp.length <= keep]
         return (before[-1].length, before[-1]) if before else (0, None)
 
 

@@ -7,7 +7,7 @@ last non-shared sliding and full layers, which the MTP drafter reads instead of 
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -93,7 +93,7 @@ class Target:
         hidden = self.hidden(tokens, cache)
         return self.logits(hidden), hidden
 
-    def decode(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+    def forward(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
         """`self(tokens, cache)` as the decoding loop runs it: compiled for a few positions at a
         time (see `target_pass`), plain for anything else (an empty cache, a long input)."""
         if CompiledPass.applies(tokens, cache):

@@ -11,6 +11,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One process per core: torch's own thread pool would have each worker spin on both cores
+    # (OpenMP threads busy-wait between parallel regions), slowing the other worker's MLX work.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402

@@ -8,16 +8,19 @@ import random
 
 import mlx.core as mx
 
-from mlx_spec.drafters import Draft, DraftContext
+from mlx_spec.drafting import Draft, DraftContext, Drafter
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes `reference[position + 1 : position + 1 + g]`, where `reference` is the whole
     expected token sequence (prompt and output). `break_at=j` replaces guess j (0-based) with a
     token that differs from the reference, so every cycle keeps exactly min(j, g) guesses.
     `break_probability` breaks each guess independently instead (seeded).
     strict=False lets the history leave the reference (sampling): guesses are then read at the
-    same position of the reference, and padded with token 0 past its end."""
+    same position of the reference, and padded with token 0 past its end. It reads the
+    position only (the tokens just for a check): it may be drafted ahead of the host."""
+
+    drafts_ahead = True
 
     def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0, strict=True):
         self.strict = strict
@@ -43,13 +46,13 @@ class ScriptedDrafter:
 
 class StepwiseDrafter(ScriptedDrafter):
     """A ScriptedDrafter that builds its guesses a step per piece, as the MTP drafter does
-    (`draft_pieces`), and logs each piece in `log`."""
+    (`draft_steps`), and logs each piece in `log`."""
 
     def __init__(self, *args, log=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.log = log if log is not None else []
 
-    def draft_pieces(self, context: DraftContext, g: int):
+    def draft_steps(self, context: DraftContext, g: int):
         guesses = self.draft(context, g).tokens
         steps = []
         for i in range(g):

@@ -13,7 +13,7 @@ import pytest
 
 import tiny
 from mlx_spec.cache import FullCache
-from mlx_spec.drafters import DraftContext, MTPDrafter
+from mlx_spec.drafting import DraftContext, MTPDrafter
 from mlx_spec.loading import load_drafter, load_target
 from mlx_spec.reports import report_arrays
 from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution, uniform_streams
@@ -155,7 +155,7 @@ def walk(target, seed: int, length: int = 600):
     while position < length:
         n = int(rng.integers(1, 10))
         tokens = mx.array([ids[position : position + n]])
-        yield target(tokens, plain), target.decode(tokens, compiled), compiled
+        yield target(tokens, plain), target.forward(tokens, compiled), compiled
         keep = int(rng.integers(0, n + 1))
         trim_cache(plain, n - keep)
         trim_cache(compiled, n - keep)
@@ -241,7 +241,7 @@ def test_compiled_functions_held_stay_under_their_bound(checkpoints):
     no more compiled functions held than traces.MAX_TRACES per owner, and the latest settings
     still decode exactly."""
     from mlx_spec import load, traces, verify
-    from mlx_spec.drafters import MTPDrafter
+    from mlx_spec.drafting import MTPDrafter
 
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
     sampled = MTPDrafter(engine.mtp_drafter.assistant, engine.target, sample=True)
@@ -267,7 +267,7 @@ def test_caches_laid_out_apart_take_the_plain_pass(checkpoints):
         moved = cache[1]  # a sliding layer: only its buffer moves
         moved._make_room(0, moved.keys, moved.values)
     assert compiled[1].start != compiled[0].start
-    assert mx.array_equal(target(ids[:, 100:], plain)[0], target.decode(ids[:, 100:], compiled)[0])
+    assert mx.array_equal(target(ids[:, 100:], plain)[0], target.forward(ids[:, 100:], compiled)[0])
 
 
 def test_full_caches_grow_to_whole_steps_in_prefill_too(checkpoints):
@@ -277,7 +277,7 @@ def test_full_caches_grow_to_whole_steps_in_prefill_too(checkpoints):
     cache = target.make_cache()
     ids = np.random.default_rng(1).integers(0, tiny.VOCAB, 1300).tolist()
     prefill(target, mx.array([ids[:300]]), cache)
-    target.decode(mx.array([ids[300:303]]), cache)
+    target.forward(mx.array([ids[300:303]]), cache)
     prefill(target, mx.array([ids[303:1300]]), cache)
     full = [c for c in cache if isinstance(c, FullCache)]
     assert full and all(c.keys.shape[2] == 1536 for c in full), [c.keys.shape[2] for c in full]

@@ -82,10 +82,9 @@ def test_random_breaks_trim_every_amount_at_every_offset(engine, prompt, referen
 
 
 class RecordingDrafter:
-    """Wraps a drafter and keeps a copy of what it was given each cycle. It reads the settled
-    tokens, so it is never asked to draft a cycle ahead, for an outcome not yet known."""
-
-    reads_tokens = True
+    """Wraps a drafter and keeps a copy of what it was given each cycle. A plain object with
+    draft(context, g) declares nothing, so it is never asked to draft a cycle ahead, for an
+    outcome not yet known (the safe default)."""
 
     def __init__(self, inner):
         self.inner, self.seen = inner, []
@@ -259,7 +258,7 @@ def test_leaving_early_takes_back_what_was_not_handed_over(engine, prompt, refer
 def test_a_failing_drafter_leaves_the_state_usable(engine, prompt, reference):
     class BadQ:
         def draft(self, context, g):
-            from mlx_spec.drafters import Draft
+            from mlx_spec.drafting import Draft
 
             return Draft(mx.zeros((g,), mx.int32), q=mx.zeros((g + 1, tiny.VOCAB)))
 
@@ -285,14 +284,14 @@ def test_a_failure_while_building_ahead_leaves_the_state_usable(engine, prompt, 
     log, launch = [], mx.async_eval
     drafter = StepwiseDrafter(reference, tiny.VOCAB, log=log)
     if where == "a piece of the next cycle":
-        real = drafter.draft_pieces
+        real = drafter.draft_steps
 
-        def draft_pieces(context, g):
+        def draft_steps(context, g):
             if drafter.calls >= 6:
                 raise Failed(where)
             return (yield from real(context, g))
 
-        monkeypatch.setattr(drafter, "draft_pieces", draft_pieces)
+        monkeypatch.setattr(drafter, "draft_steps", draft_steps)
     else:
         def failing(*arrays):
             if log.count("piece") >= 30:
@@ -391,7 +390,7 @@ def test_a_certain_next_cycle_is_queued_before_the_sync(engine, prompt, referenc
 def test_guesses_outside_the_vocabulary_are_never_kept(engine, prompt, sampled):
     class OutOfRange:
         def draft(self, context, g):
-            from mlx_spec.drafters import Draft
+            from mlx_spec.drafting import Draft
 
             guesses = mx.array([tiny.VOCAB + 7, -3][:g] + [0] * max(g - 2, 0), dtype=mx.int32)
             q = mx.full((g, tiny.VOCAB), 1.0 / tiny.VOCAB) if sampled else None
@@ -432,3 +431,26 @@ def test_stop_strings_across_token_boundaries(engine, prompt, mtp):
     assert "".join(r.text or "" for r in streamed) == before and streamed.result.text == before
     # A stop string the answer never writes changes nothing.
     assert engine.generate(prompt, max_tokens=60, stop=["\x00never"]).tokens == full.tokens
+
+
+class KnowsTheAnswer:
+    """A custom drafter through the documented draft(context, g) API, declaring nothing: it
+    reads the settled tokens and guesses the reference's continuation after them."""
+
+    def __init__(self, reference):
+        self.reference = reference
+
+    def draft(self, context, g):
+        from mlx_spec.drafting import Draft
+
+        assert len(context.tokens) == context.position + 1  # never asked ahead of the host
+        at = len(context.tokens)
+        return Draft(mx.array(self.reference[at : at + g], dtype=mx.int32))
+
+
+def test_a_custom_drafter_that_reads_the_tokens_keeps_every_right_guess(engine, prompt, reference):
+    """Drafting ahead is opted into: a drafter that declares nothing is always given the
+    settled tokens, so a drafter that knows the answer keeps every guess."""
+    result = engine.generate(prompt, max_tokens=LONG - 5, drafter=KnowsTheAnswer(reference), draft_tokens=6)
+    assert result.tokens == reference[len(prompt) : len(prompt) + LONG - 5]
+    assert result.stats.drafted > 150 and result.stats.kept == result.stats.drafted

@@ -59,7 +59,7 @@ def test_the_page_chats_and_shows_each_tokens_figures(server, browser, checkpoin
     browser.get(server.url + "/")
     WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "model").text)
     name = browser.find_element(By.ID, "model")
-    assert name.get_attribute("title") == str(checkpoints["text"]) and name.text == "checkpoints0/target-text"
+    assert name.get_attribute("title") == str(checkpoints["text"]) and name.text == "/".join(checkpoints["text"].parts[-2:])
     limit = browser.find_element(By.ID, "max_tokens")
     limit.clear()
     limit.send_keys(str(LIMIT))
@@ -132,7 +132,7 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
                                               candidates=1) for i, t in enumerate(ids)))
     result = build_result(engine, steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
     form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=True)
-    tokens = [Token(s, engine.piece(s.token), s.token in engine.stop_tokens) for s in steps]
+    tokens = [Token(s, engine.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
     chunks = [form.first_chunk(), *filter(None, map(form.token_chunk, tokens)),
               *form.last_chunks(20, Done(result, result.finish_reason, result.text), include_usage=True)]
     sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

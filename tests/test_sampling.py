@@ -10,7 +10,7 @@ from scipy.stats import chi2
 
 import tiny
 from mlx_spec.decoder import SequenceState
-from mlx_spec.drafters import MTPDrafter
+from mlx_spec.drafting import MTPDrafter
 from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
 from scripted import ScriptedDrafter
 

@@ -1,4 +1,4 @@
-"""Going back in a sequence (`SequenceState.rewind` and checkpoints), the one mechanism behind
+"""Going back in a sequence (`SequenceState.rewind` and marks), the one mechanism behind
 chat sessions and the prompt cache: wherever it resumes from, what follows is exactly what a
 fresh sequence over the same tokens gives, past the sliding window."""
 
@@ -8,7 +8,7 @@ import pytest
 import tiny
 from mlx_spec.prompt_cache import PromptCache
 from mlx_spec.gemma4 import TRIM_ALLOWANCE as MAX_TRIM
-from mlx_spec.sequence import MAX_CHECKPOINTS, SequenceState
+from mlx_spec.sequence import MAX_MARKS, SequenceState
 
 PROMPT = 3 * tiny.WINDOW
 ANSWER = 6 * tiny.WINDOW  # longer than the sliding caches can trim back (MAX_TRIM)
@@ -37,7 +37,7 @@ def fresh(engine, tokens, n=30, **settings):
 
 
 def conversation(engine, tokens):
-    """A state that took a prompt (checkpointed) and generated an answer past what it can trim."""
+    """A state that took a prompt (marked) and generated an answer past what it can trim."""
     state = SequenceState(engine.target)
     start(engine, state, tokens[:PROMPT])
     answer(engine, state)
@@ -46,7 +46,7 @@ def conversation(engine, tokens):
 
 
 @pytest.mark.parametrize("back", [1, 3, 6])
-def test_rewind_a_few_tokens_before_the_checkpoint(engine, tokens, back):
+def test_rewind_a_few_tokens_before_the_mark(engine, tokens, back):
     """Gemma 4's empty thought channel ends every prompt and is left out of the history: the
     new rendering leaves the prompt a few tokens before its end."""
     state = conversation(engine, tokens)
@@ -57,11 +57,11 @@ def test_rewind_a_few_tokens_before_the_checkpoint(engine, tokens, back):
     assert answer(engine, state, 30) == fresh(engine, new)
 
 
-def test_rewind_into_the_answer_goes_back_to_the_checkpoint(engine, tokens):
+def test_rewind_into_the_answer_goes_back_to_the_mark(engine, tokens):
     state = conversation(engine, tokens)
     held = list(state.tokens)
     new = held[: PROMPT + ANSWER // 2] + tokens[300:320]  # differs in the middle of the answer
-    assert state.rewind(new) == PROMPT  # the checkpoint at the end of the prompt
+    assert state.rewind(new) == PROMPT  # the mark at the end of the prompt
     start(engine, state, new)
     assert answer(engine, state, 30) == fresh(engine, new)
 
@@ -84,15 +84,15 @@ def test_extension_keeps_everything_and_a_repeat_redoes_the_last_token(engine, t
 
 def test_no_usable_point_starts_over(engine, tokens):
     state = conversation(engine, tokens)
-    state.checkpoints.clear()
+    state.marks.clear()
     new = tokens[:10] + tokens[300:330]
     assert state.rewind(new) == 0 and state.cached == 0 and state.tokens == []
     start(engine, state, new)
     assert answer(engine, state, 30) == fresh(engine, new)
 
 
-def test_one_checkpoint_serves_two_continuations(engine, tokens):
-    """Restoring a checkpoint and writing after it must not change the checkpoint."""
+def test_one_mark_serves_two_continuations(engine, tokens):
+    """Restoring a mark and writing after it must not change the mark."""
     state = conversation(engine, tokens)
     for other in (tokens[300:340], tokens[340:380]):
         new = tokens[:PROMPT] + other
@@ -110,15 +110,15 @@ def test_sampled_answers_after_a_rewind_equal_fresh_ones(engine, tokens):
     assert answer(engine, state, 40, **settings) == fresh(engine, new, 40, **settings)
 
 
-def test_checkpoints_are_bounded_and_settled(engine, tokens):
+def test_marks_are_bounded_and_settled(engine, tokens):
     state = SequenceState(engine.target)
     with pytest.raises(ValueError, match="needs a settled state"):
-        state.checkpoint()
-    for i in range(MAX_CHECKPOINTS + 3):
+        state.mark()
+    for i in range(MAX_MARKS + 3):
         start(engine, state, tokens[: 20 * (i + 1)])
-    assert [cp.length for cp in state.checkpoints] == [20 * (i + 1) for i in range(3, MAX_CHECKPOINTS + 3)]
+    assert [cp.length for cp in state.marks] == [20 * (i + 1) for i in range(3, MAX_MARKS + 3)]
     sliding = [c for c in state.cache if hasattr(c, "snapshot")]
-    assert state.checkpoints[-1].nbytes == sum(c.nbytes for c in sliding)
+    assert state.marks[-1].nbytes == sum(c.nbytes for c in sliding)
 
 
 def test_prompt_cache_resumes_the_closest_conversation_within_its_bounds(engine, tokens):
@@ -144,17 +144,17 @@ def test_prompt_cache_resumes_the_closest_conversation_within_its_bounds(engine,
     assert cache.sequences == [newest]
 
 
-def test_a_checkpoint_taken_after_a_trim_back_is_not_trimmed_below_its_reach(engine, tokens):
+def test_a_mark_taken_after_a_trim_back_is_not_trimmed_below_its_reach(engine, tokens):
     """A prompt that resumed by trimming far back (the sliding caches had gone further) is
-    checkpointed with that furthest mark: going back before it must not trust the checkpoint to
+    marked with that furthest mark: going back before it must not trust the mark to
     reach `MAX_TRIM` below its own offset (it once raised 'cannot trim')."""
     state = conversation(engine, tokens)
     held = list(state.tokens)
     furthest = state.cache[0].furthest
-    new = held[: furthest - MAX_TRIM + 2] + tokens[300:302]  # resumes by trimming, no checkpoint
-    start(engine, state, new)  # the checkpoint at len(new) remembers `furthest`
+    new = held[: furthest - MAX_TRIM + 2] + tokens[300:302]  # resumes by trimming, no mark
+    start(engine, state, new)  # the mark at len(new) remembers `furthest`
     answer(engine, state, 5)
-    other = new[: len(new) - MAX_TRIM + 1] + tokens[350:360]  # within MAX_TRIM of that checkpoint
+    other = new[: len(new) - MAX_TRIM + 1] + tokens[350:360]  # within MAX_TRIM of that mark
     length = state.rewind(other)
     start(engine, state, other)
     assert answer(engine, state, 30) == fresh(engine, other)
@@ -186,14 +186,14 @@ def test_a_conversation_sharing_only_a_system_prompt_leaves_the_others_intact(en
 
 def test_a_prompt_the_target_fails_on_leaves_an_empty_state(engine, tokens, monkeypatch):
     """Half-written caches are never kept: the state is emptied, and the next prompt is exact."""
-    import mlx_spec.decoder as decoder_module
+    import mlx_spec.sequence as sequence_module
 
     state = conversation(engine, tokens)
 
     def failing(*args, **kwargs):
         raise RuntimeError("the device failed")
 
-    monkeypatch.setattr(decoder_module, "prefill", failing)
+    monkeypatch.setattr(sequence_module, "prefill", failing)
     with pytest.raises(RuntimeError, match="the device failed"):
         start(engine, state, list(state.tokens) + tokens[300:340])
     assert state.tokens == [] and state.cached == 0

@@ -27,7 +27,7 @@ def generated(engine, text, end):
     """Reports for the tokens of `text` and a stop token, as the engine streams them."""
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [end]
     steps = list(engine.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
-    tokens = [Token(s, engine.piece(s.token), s.token in engine.stop_tokens) for s in steps]
+    tokens = [Token(s, engine.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
     return steps, tokens
 
 

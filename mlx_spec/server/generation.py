@@ -23,7 +23,7 @@ class Started:
 @dataclass
 class Token:
     report: TokenReport
-    piece: str  # the token's own text (for logprobs), whatever text it shows in the answer
+    token_text: str  # the token's own text (for logprobs), whatever text it shows in the answer
     is_stop: bool  # a stop token: it ends the answer and shows nothing
 
 
@@ -46,7 +46,7 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             raise context_exceeded(e) from None
         yield Started(prompt_tokens)  # the prompt went through: from here on, the request is answered
         for report in answer:
-            yield Token(report, engine.piece(report.token), report.token in engine.stop_tokens)
+            yield Token(report, engine.token_text(report.token), report.token in engine.stop_tokens)
         yield Done(answer.result, answer.result.finish_reason, answer.text)
 
     return work

@@ -52,7 +52,7 @@ def tool_calls(calls: List[Dict[str, Any]], stream: bool = False) -> List[Dict[s
 
 def x_token(token: Token) -> Dict[str, Any]:
     out = token.report.to_dict()
-    out.update(piece=token.piece, stop=token.is_stop)
+    out.update(piece=token.token_text, stop=token.is_stop)
     return out
 
 
@@ -68,7 +68,7 @@ def chat_logprobs(tokens: List[Token], top: int) -> Optional[Dict[str, Any]]:
             continue
         r = token.report
         content.append({
-            "token": token.piece, "logprob": logprob(r.prob), "bytes": list(token.piece.encode()),
+            "token": token.token_text, "logprob": logprob(r.prob), "bytes": list(token.token_text.encode()),
             "top_logprobs": [{"token": t or "", "logprob": logprob(p), "bytes": list((t or "").encode())}
                              for _, p, t in r.top[:top]],
         })
@@ -154,7 +154,7 @@ class CompletionFormat:
                 offsets.append(self.offset)
                 self.offset += len(t.report.text or "")
             choice["logprobs"] = {
-                "tokens": [t.piece for t in shown],
+                "tokens": [t.token_text for t in shown],
                 "token_logprobs": [logprob(t.report.prob) for t in shown],
                 "top_logprobs": [{(s or ""): logprob(p) for _, p, s in t.report.top[: self.logprobs]} for t in shown],
                 "text_offset": offsets,

@@ -1,0 +1,110 @@
+"""What a drafter is: its inputs (`DraftContext`), its output (`Draft`), and the base class that
+declares what the loop may do with it.
+
+A drafter is called once per cycle, after the target's caches were cut back to the settled
+tokens, and returns up to g guesses for the tokens that follow. Its guesses may stay lazy MLX
+arrays: the engine verifies them in the same graph, so drafting costs no host synchronisation
+of its own.
+
+A drafter that samples its guesses returns their distributions `q` (over the whole vocabulary);
+the engine then keeps guesses with the min(1, p/q) rule. A drafter that returns no `q` is treated
+as deterministic, and guesses are kept while they match the target's own draw. Both are exact.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import mlx.core as mx
+
+from ..ngrams import NgramIndex
+from ..pieces import HostWork
+from ..sampling import SamplingSettings, SettingsError
+from ..target import SharedKV
+
+
+@dataclass
+class DraftContext:
+    tokens: List[int]  # every settled token, prompt included; the last is not yet in the caches
+    last_token: mx.array  # [1, 1], the last settled token (may be lazy)
+    hidden: mx.array  # [1, 1, H], the target's final hidden state at the position before it
+    kv: Dict[str, SharedKV]  # the target's K/V (see Target.drafter_buffers)
+    settings: SamplingSettings
+    uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
+    # Settled tokens, when the last of them are still on the device (a cycle built ahead):
+    # `tokens` then holds only the first ones. Only drafters that declare `drafts_ahead` are
+    # asked to draft such a cycle.
+    length: Optional[int] = None
+    # The sequence's n-gram index (see ngrams.py), for drafters that copy; a fresh one for a
+    # context made by hand.
+    ngrams: NgramIndex = field(default_factory=NgramIndex)
+
+    @property
+    def shared_kv(self) -> Dict[str, Tuple[mx.array, mx.array]]:
+        """The K/V to read, sliced out of the buffers (see Target.drafter_kv)."""
+        return {kind: kv.view() for kind, kv in self.kv.items()}
+
+    @property
+    def position(self) -> int:
+        """Position of the last settled token."""
+        return (len(self.tokens) if self.length is None else self.length) - 1
+
+
+@dataclass
+class Draft:
+    tokens: mx.array  # [n] int32, n <= g: a drafter may propose fewer guesses than asked
+    q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
+    source: str = "drafter"  # where the guesses came from, for the statistics
+    # Each step's output, in order, for drafters that guess step by step: the cycle is launched
+    # a step at a time (see launch.py).
+    steps: List[mx.array] = field(default_factory=list)
+
+
+class Drafter(ABC):
+    """A source of guesses. Subclasses implement `draft`, and declare what they allow:
+
+    - `drafts_ahead` (default False): the drafter reads only what is on the device (the last
+      token, the hidden state, the K/V, the position), never the values of `context.tokens`, so
+      the loop may ask it for a cycle before the running cycle's tokens reach the host. Off by
+      default: a drafter that reads the tokens and were drafted ahead would see stale ones and
+      lose guesses silently.
+    - `draft_steps`: a drafter that guesses step by step yields after each step, so the loop can
+      build its cycle between the stages of the running cycle's launch (launch.py).
+    """
+
+    drafts_ahead = False
+    source = "drafter"  # the name its guesses are counted under in the statistics
+
+    @abstractmethod
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        """Up to g guesses for the tokens after `context.tokens`."""
+
+    def draft_steps(self, context: DraftContext, g: int) -> HostWork:
+        """`draft` as host work, yielding after each step; by default all in one piece."""
+        return self.draft(context, g)
+        yield  # unreachable: it makes this a generator, run as one piece
+
+    def for_ahead(self, last_source: str) -> Optional["Drafter"]:
+        """The drafter for a cycle built before the running cycle's tokens reach the host
+        (`last_source`: who guessed the running cycle's); None: the cycle waits for them."""
+        return self if self.drafts_ahead else None
+
+
+class Custom(Drafter):
+    """Any object with `draft(context, g)`, as a Drafter with the safe defaults: it is never
+    asked to draft ahead, since nothing says it does not read the tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        return self.inner.draft(context, g)
+
+
+def as_drafter(drafter) -> Optional[Drafter]:
+    """A Drafter for `drafter` (None stays None); an object without draft() is a SettingsError."""
+    if drafter is None or isinstance(drafter, Drafter):
+        return drafter
+    if not callable(getattr(drafter, "draft", None)):
+        raise SettingsError(f"drafter {drafter!r} has no draft(context, g) method")
+    return Custom(drafter)

@@ -1,0 +1,85 @@
+"""Gemma 4's MTP assistant as a drafter: g steps at a constant position, each a compiled
+function that reads the target's K/V (the assistant keeps no cache of its own)."""
+
+from typing import Optional
+
+import mlx.core as mx
+
+from ..assistant import Assistant
+from ..gemma4 import FULL, SLIDING
+from ..pieces import HostWork, run_through
+from ..sampling import SamplingSettings, distribution
+from ..target import Target
+from ..traces import TraceCache
+from .base import Draft, DraftContext, Drafter
+
+
+class MTPDrafter(Drafter):
+    """Gemma 4's MTP assistant: g steps at a constant position, reading the target's K/V.
+
+    sample=False (default): argmax guesses, never building full-vocabulary logits.
+    sample=True: at temperature > 0, guesses are drawn from the drafter's own distribution
+    under the same settings, and their q is returned for the ratio rule.
+    It reads only the device-side inputs, so the loop may draft with it ahead of the host.
+    """
+
+    drafts_ahead = True
+    source = "mtp"
+
+    def __init__(self, assistant: Assistant, target: Target, sample: bool = False):
+        self.assistant = assistant
+        self.target = target
+        self.sample = sample
+        self.traces = TraceCache()  # compiled draft steps, by sampling settings and K/V buffer shapes
+
+    def draft(self, context: DraftContext, g: int) -> Draft:
+        return run_through(self.draft_steps(context, g))
+
+    def draft_steps(self, context: DraftContext, g: int) -> HostWork:
+        """`draft`, yielding after each step."""
+        sampled = self.sample and not context.settings.greedy
+        token, hidden = context.last_token, context.hidden
+        # Held at the last settled token's position for the round, as transformers and Google's
+        # runtime do (vLLM and mlx-vlm use one less).
+        position = mx.array(context.position)
+        # The K/V stay the same for every step of the round: their masks are built once.
+        sliding, full = context.kv[SLIDING].last(self.assistant.sliding_span), context.kv[FULL]
+        kv = (sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask())
+        step = self._step(context.settings if sampled else None, (sliding.keys.shape, full.keys.shape))
+        guesses, qs = [], []
+        for i in range(g):
+            if sampled:
+                token, hidden, q = step(token, hidden, *kv, position, context.uniforms[i])
+                qs.append(q)
+            else:
+                token, hidden = step(token, hidden, *kv, position)
+            guesses.append(token.reshape(1))
+            yield
+        tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
+        return Draft(tokens, mx.stack(qs) if sampled and qs else None, source=self.source, steps=guesses)
+
+    def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
+        """One draft step as a compiled function: a few fused kernels instead of hundreds of
+        primitives, and a few microseconds of host time instead of a Python trace. Its inputs
+        keep their shapes from cycle to cycle (whole cache buffers, masked), so it is traced
+        again only when a cache grows its buffer (bounded: see traces.py)."""
+        key = None if settings is None else settings.unseeded()
+        return self.traces.get((key, shapes), lambda: self._sampled_step(key) if key else self._argmax_step)
+
+    def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):
+        kv, masks = {SLIDING: (ks, vs), FULL: (kf, vf)}, {SLIDING: ms, FULL: mf}
+        return self.assistant.step(self.target.embed(token), hidden, kv, position, masks)
+
+    def _argmax_step(self, token, hidden, *kv_and_position):
+        h, hidden = self._layers(token, hidden, *kv_and_position)
+        # int32, as the first step's input token: one trace serves every step.
+        return self.assistant.greedy_token(h).astype(mx.int32), hidden
+
+    def _sampled_step(self, settings: SamplingSettings):
+        def step(token, hidden, ks, vs, ms, kf, vf, mf, position, uniforms):
+            h, hidden = self._layers(token, hidden, ks, vs, ms, kf, vf, mf, position)
+            dist = distribution(self.assistant.full_logits(h)[0, 0], settings)
+            token = dist.sample(uniforms).reshape(1, 1).astype(mx.int32)
+            return token, hidden, dist.dense(self.assistant.vocab_size)
+
+        return step
