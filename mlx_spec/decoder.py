@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
-from .adaptive import AdaptiveDraftLength
+from .policy import AcceptanceStats, AdaptiveDraftLength, FixedDraftLength
 from .cycle import Cycle, CycleBuilder, Start
 from .drafting import Drafter, as_drafter
 from .launch import Launcher
@@ -74,9 +74,10 @@ class Decoder:
         self.settings = settings
         self.drafter = drafter
         self.draft_tokens = 0 if drafter is None else draft_tokens
-        self.policy = AdaptiveDraftLength(ADAPTIVE_MAX_G) if self.draft_tokens is None else None
-        # Acceptance by guess position, for the likely outcome of a running cycle.
-        self.estimates = self.policy or AdaptiveDraftLength(MAX_DRAFT_TOKENS)
+        # Acceptance by guess position: the draft length's and the likely outcome's.
+        stats = AcceptanceStats(MAX_DRAFT_TOKENS)
+        self.policy = (AdaptiveDraftLength(ADAPTIVE_MAX_G, stats) if self.draft_tokens is None
+                       else FixedDraftLength(self.draft_tokens, stats))
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk
@@ -132,7 +133,7 @@ class Decoder:
             while produced < max_tokens:
                 budget = max_tokens - produced
                 if current is None:
-                    current = self.builder.build(state, Start.settled(state), self._choose_g(budget), self.drafter)
+                    current = self.builder.build(state, Start.settled(state), self.policy.choose(budget), self.drafter)
                 # The rest of the cycle is launched stage by stage, the next one built in between.
                 ahead = self._launch(state, current, self._build_ahead(state, current, budget))
                 if ahead is not None and ahead.snapshot is None:  # a certain outcome: queue it now
@@ -155,7 +156,7 @@ class Decoder:
                 reports = self._settle(state, current, tokens, kept, fetched, trimmed=hit)
                 pending = _Pending(reports, hidden_before, current.hidden)
                 produced += len(reports)
-                self.estimates.observe(current.g, min(kept, len(tokens)), current.seconds, asked=current.asked)
+                self.policy.observe(current.g, min(kept, len(tokens)), current.seconds, asked=current.asked)
                 current, ahead = (ahead.cycle if hit else None), None
                 if stop:
                     break
@@ -165,17 +166,11 @@ class Decoder:
             # hold exactly the tokens handed over: drop the rest, and every queued position.
             if ahead is not None and ahead.snapshot is not None:
                 state.restore(ahead.snapshot)
-            self._withdraw()  # a probe chosen for a cycle that never settled is still to come
+            self.policy.withdraw()  # a probe chosen for a cycle that never settled is still to come
             self._unsettle(state, pending)
             state.trim_to_settled()
             self.stats.generation_seconds += time.perf_counter() - start
             self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
-
-    def _choose_g(self, budget: int) -> int:
-        """Guesses for a cycle that may settle at most `budget` tokens."""
-        if self.policy is not None:
-            return self.policy.choose(budget)
-        return min(self.draft_tokens, budget - 1)
 
     def _build_ahead(self, state: SequenceState, running: Cycle, budget: int) -> HostWork:
         """The next cycle, built (in pieces) for the running cycle's likely outcome; None when
@@ -183,13 +178,13 @@ class Decoder:
         pay: the host's build overlaps the device only partly, and a cycle built for nothing
         costs its whole build."""
         certain = running.g == 0
-        settles, p = (1, 1.0) if certain else self.estimates.likely_outcome(running.g)
+        settles, p = (1, 1.0) if certain else self.policy.stats.likely_outcome(running.g)
         if budget - settles < 1 or p < AHEAD_BELIEF:
             return None
-        g = self._choose_g(budget - settles)
+        g = self.policy.choose(budget - settles)
         drafter = self.drafter.for_ahead(running.source) if g > 0 else None
         if g > 0 and drafter is None:
-            self._withdraw()
+            self.policy.withdraw()
             return None  # the drafter needs the tokens on the host: the cycle waits for them
         # A certain outcome is launched at once; only an uncertain one may have to be undone.
         snapshot = None if certain else state.snapshot()
@@ -203,13 +198,9 @@ class Decoder:
             raise
         return _Ahead(cycle, settles, snapshot)
 
-    def _withdraw(self) -> None:
-        if self.policy is not None:
-            self.policy.withdraw()
-
     def _undo(self, state: SequenceState, ahead: _Ahead) -> None:
         """The running cycle settled otherwise than assumed: drop the cycle built ahead."""
-        self._withdraw()
+        self.policy.withdraw()
         if ahead.snapshot is not None:
             state.restore(ahead.snapshot)
         else:  # launched already (its outcome was certain but a stop token came): trim it

@@ -101,3 +101,13 @@ def family(tmp_path_factory):
         })
 
     return get
+
+
+# The modules that take longest, started first: with one module per worker at a time
+# (--dist loadfile), a long module collected last would run alone at the end of the run.
+LONGEST_FIRST = ("test_sampling.py", "test_bench.py", "test_chat.py", "test_compiled.py", "test_cli.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

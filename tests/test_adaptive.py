@@ -7,7 +7,7 @@ import pytest
 
 import tiny
 from mlx_spec import load
-from mlx_spec.adaptive import AdaptiveDraftLength
+from mlx_spec.policy import AdaptiveDraftLength
 from mlx_spec.engine import Engine
 from scripted import ScriptedDrafter
 
@@ -18,13 +18,15 @@ def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3):
     """Feed the policy cycles whose guesses are kept with probability `acceptance` and whose
     cost is step * (1 + per_guess * g) seconds; return how often each g was chosen."""
     rng = np.random.default_rng(seed)
+    chosen = {}
     for _ in range(cycles):
         g = policy.choose(budget=100)
+        chosen[g] = chosen.get(g, 0) + 1
         kept = 0
         while kept < g and rng.random() < acceptance:
             kept += 1
         policy.observe(g, kept, step * (1 + per_guess * g))
-    return policy.chosen
+    return chosen
 
 
 def test_policy_stops_drafting_when_nothing_is_kept():
@@ -47,10 +49,9 @@ def test_policy_finds_the_middle():
 def test_policy_drafts_again_when_content_becomes_predictable():
     policy = AdaptiveDraftLength(8)
     simulate(policy, acceptance=0.0, cycles=200)
-    policy.chosen.clear()
-    simulate(policy, acceptance=1.0, cycles=200, seed=1)
-    late = sum(v for g, v in policy.chosen.items() if g >= 6)
-    assert late > 0.7 * sum(policy.chosen.values())
+    chosen = simulate(policy, acceptance=1.0, cycles=200, seed=1)
+    late = sum(v for g, v in chosen.items() if g >= 6)
+    assert late > 0.7 * sum(chosen.values())
 
 
 def stopped_policy():
@@ -155,8 +156,14 @@ def test_same_seed_same_tokens_with_lookup(engine, prompt):
 
 
 def test_the_fastest_length_is_the_best_expected_rate():
-    """`choose` finds its length in one pass; it must be the g that maximises
-    expected_tokens(g) / cycle_seconds(g), the shortest on a tie, in any measured state."""
+    """`choose` finds its length in one pass; it must be the g that maximises E(g) / T(g), the
+    shortest on a tie, in any measured state: E from the acceptance statistics, T the measured
+    time (a line through the measured lengths for the others), never below a shorter draft's."""
+
+    def cycle_seconds(policy, g):
+        shorter = [t for k, t in policy.seconds.items() if k < g]
+        return max([policy.seconds[g] if g in policy.seconds else policy._line()(g), *shorter])
+
     rng = random.Random(5)
     for trial in range(300):
         policy = AdaptiveDraftLength(8)
@@ -164,5 +171,5 @@ def test_the_fastest_length_is_the_best_expected_rate():
             g = rng.randint(0, 8)
             policy.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
         limit = rng.randint(0, 8)
-        rates = [policy.expected_tokens(g) / policy.cycle_seconds(g) for g in range(limit + 1)]
+        rates = [policy.stats.expected_tokens(g) / cycle_seconds(policy, g) for g in range(limit + 1)]
         assert policy._fastest(limit) == rates.index(max(rates)), trial

@@ -168,6 +168,7 @@ def fork(state):
         c2.keys, c2.values = mx.array(c.keys), mx.array(c.values)
         copied.cache.append(c2)
     copied.tokens = list(state.tokens)
+    copied.ngrams = copy.deepcopy(state.ngrams)
     return copied
 
 

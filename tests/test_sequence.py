@@ -213,3 +213,53 @@ def test_a_prompt_too_long_changes_nothing(engine, tokens):
     with pytest.raises(SettingsError, match="prompt too long"):  # the request path checks it first
         Generation(engine, tokens[:10] * 500, Options(max_tokens=1), state=state).start()
     assert state.tokens == held and state.cached == cached
+
+
+# -- any combination of operations -------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("prompt"), st.integers(1, 30)),  # new prompt tokens after what is held
+        st.tuples(st.just("answer"), st.integers(1, 40)),  # an answer of this many tokens
+        st.tuples(st.just("leave"), st.integers(1, 20)),  # an answer the caller leaves after n tokens
+        st.tuples(st.just("rewind"), st.integers(1, 60)),  # a prompt that goes back n tokens, then on
+    ),
+    min_size=1, max_size=8,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPERATIONS, seed=st.integers(0, 2**16))
+def test_any_sequence_of_operations_continues_as_a_fresh_one(engine, ops, seed):
+    """Prompts, answers (with drafting), callers leaving early and rewinds into the answer or
+    the prompt, in any order, past the sliding window: the state always holds exactly its
+    settled tokens, and what it generates next equals a fresh sequence over those tokens."""
+    rng = np.random.default_rng(seed)
+    state = SequenceState(engine.target)
+
+    def prompt(tokens):
+        start(engine, state, tokens, draft_tokens=3)
+        assert state.tokens == tokens and state.cached == len(tokens) - 1
+
+    prompt(rng.integers(5, tiny.VOCAB, 8).tolist())
+    for op, n in ops:
+        if op == "prompt":
+            prompt(state.tokens + rng.integers(5, tiny.VOCAB, n).tolist())
+        elif op == "answer":
+            held = list(state.tokens)
+            got = answer(engine, state, n, draft_tokens=3)
+            assert state.tokens == held + got
+        elif op == "leave":
+            held, stream = list(state.tokens), engine.decoder(draft_tokens=4).generate(state, 60)
+            got = [next(stream).token for _ in range(n)]
+            stream.close()
+            assert state.tokens == held + got
+        else:
+            keep = max(len(state.tokens) - n, 1)
+            prompt(state.tokens[:keep] + rng.integers(5, tiny.VOCAB, 3).tolist())
+        assert state.cached == len(state.tokens) - 1 and len(state.marks) <= MAX_MARKS
+    held = list(state.tokens)
+    assert answer(engine, state, 6) == fresh(engine, held, 6)
