@@ -29,10 +29,11 @@ class TraceCache:
     def get(self, key: Hashable, make: Callable[[], Callable]) -> Callable:
         """The compiled function for `key`: `mx.compile(make())` the first time (and again after
         it was evicted), the one held since then otherwise."""
-        function = self._functions.pop(key, None)
-        if function is None:
-            function = mx.compile(make())
-        self._functions[key] = function  # now the most recently used
+        function = self._functions.get(key)
+        if function is not None:
+            self._functions.move_to_end(key)  # now the most recently used
+            return function
+        function = self._functions[key] = mx.compile(make())
         while len(self._functions) > self.bound:
             self._functions.popitem(last=False)
         return function
