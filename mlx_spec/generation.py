@@ -69,7 +69,6 @@ class Generation:
         self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
         self.prompt_tokens: Optional[int] = None
         self.limit = 0
-        self.steps: List[TokenReport] = []  # every token generated, released or not
         self.released: List[TokenReport] = []
         self.result: Optional[GenerationResult] = None
 
@@ -100,7 +99,6 @@ class Generation:
         stream = self.engine.with_text(self.decoder.generate(self.state, self.limit))
         try:
             for step in stream:
-                self.steps.append(step)
                 yield from self._release(self.stops.feed(dataclasses.replace(step, text=step.raw) if self.as_written else step))
                 if self.stops.hit:
                     break
