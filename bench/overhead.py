@@ -147,7 +147,7 @@ def queued_share(ops: int = 3000) -> float:
     40-50 MB of inputs on a Mac, or ten CPU primitives) and queues the rest only as those
     finish, so the host is free only while the last ones run: near 1 for a graph of thousands
     of primitives. That is why the loop launches a cycle a draft step at a time and builds the
-    next one in between (mlx_spec/launch.py)."""
+    next one in between (mlx_spec/pipeline.py)."""
     x = mx.ones((4, 4))
     mx.eval(x)
     for _ in range(ops):

@@ -119,16 +119,25 @@ class ControlledDrafter(Drafter):
         return run_through(self.draft_steps(context, g))
 
     def draft_steps(self, context: DraftContext, g: int):
-        """As the inner drafter works: a step per piece (see mlx_spec/pieces.py)."""
-        start = context.position + 1
-        right = (self.reference[start : start + g] + [0] * g)[:g]
+        """As the inner drafter works: a step per piece (see mlx_spec/pieces.py). The guesses
+        are read from the reference on the device, at a position the running cycle may still
+        be computing (a cycle drafted ahead)."""
         keep = self.rng.random(g) < self.acceptance
-        guesses = mx.array([t if k else (t + 1) % self.vocab_size for t, k in zip(right, keep)], dtype=mx.int32)
+        guesses = self._guesses(context.device_position, keep)
         if self.inner is None:
             return Draft(guesses, source="copy")
         drafted = yield from self.inner.draft_steps(context, g)
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
         return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)
+
+    def _guesses(self, position: mx.array, keep) -> mx.array:
+        if len(keep) == 0:
+            return mx.zeros((0,), mx.int32)
+        if getattr(self, "_reference", None) is None:
+            self._reference = mx.array(self.reference, mx.int32)
+        where = position + 1 + mx.arange(len(keep))
+        right = mx.where(where < self._reference.size, mx.take(self._reference, mx.minimum(where, self._reference.size - 1)), 0)
+        return mx.where(mx.array(keep), right, (right + 1) % self.vocab_size).astype(mx.int32)
 
 
 def cost_ratios(engine, prompt, draft_lengths, repeats=5):

@@ -189,28 +189,3 @@ class FullCache(KVCache):
     def written(self, keys: mx.array, values: mx.array, n: int) -> None:
         self.keys, self.values = keys, values
         self.offset += n
-
-
-def snapshot_caches(caches: list) -> list:
-    """Every cache as it stands (ours and mlx-lm's `KVCache`), for `restore_caches`: references
-    to the buffers (views) and the offsets, no copies."""
-    out = []
-    for c in caches:
-        if isinstance(c, SlidingWindowCache):
-            out.append(c.snapshot())
-        else:
-            out.append((c.keys[...] if c.keys is not None else None,
-                        c.values[...] if c.values is not None else None, c.offset))
-    return out
-
-
-def restore_caches(caches: list, snapshots: list) -> None:
-    """Put every cache back as it stood: what was written since is gone, graph and all (it is
-    never computed)."""
-    for c, snap in zip(caches, snapshots):
-        if isinstance(c, SlidingWindowCache):
-            c.restore(snap)
-        else:
-            keys, values, c.offset = snap
-            c.keys = keys[...] if keys is not None else None
-            c.values = values[...] if values is not None else None

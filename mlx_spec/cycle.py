@@ -1,14 +1,17 @@
 """One cycle of the speculative loop as a lazy MLX graph: the drafter's g guesses, one target
 pass over the last settled token and the guesses (g + 1 positions), the acceptance test and the
-per-token report figures. Nothing here synchronises: the decoder evaluates the whole cycle once.
+per-token report figures. Nothing here synchronises: the loop evaluates the whole cycle once.
 
-A cycle can be built from a settled state, or ahead: from a cycle still running, for an assumed
-outcome (how many tokens it settles), with that cycle's last token and hidden state still on
-the device (`Start.ahead`).
+A cycle is built from the settled state (`Start.settled`), or ahead (`Start.after`): from a
+cycle still running, whatever it keeps. The running cycle's outputs (how many guesses it kept,
+the token after them, the hidden state there) are lazy arrays, and the next cycle's graph reads
+them on the device: its input token, its drafter's hidden state and K/V range, the offset its
+target pass writes at and the index of its uniforms. The host only needs bounds (the running
+cycle settles 1 to g + 1 tokens), to size the caches' buffers.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import mlx.core as mx
 
@@ -21,7 +24,42 @@ from .verify import Verifier
 
 
 @dataclass
+class Start:
+    """What is settled before a cycle: its input token and the target's hidden state before it
+    (arrays, possibly still being computed), the settled tokens and generated tokens the host
+    knows of, and, for a cycle built ahead, how many more the running cycle settles (a device
+    array, at most `most`)."""
+
+    last: mx.array  # [1, 1]
+    hidden: Optional[mx.array]  # [1, 1, H]; None before the first target pass
+    length: int  # settled tokens on the host
+    generated: int  # of them, generated in this answer: the output index of the cycle's first token
+    ahead: Optional[mx.array] = None  # tokens settled beyond `length`, on the device
+    most: int = 0  # the most `ahead` can be
+
+    @classmethod
+    def settled(cls, state: SequenceState) -> "Start":
+        last = mx.array([state.tokens[-1:]], dtype=mx.int32)
+        return cls(last, state.hidden, len(state.tokens), state.generated)
+
+    @classmethod
+    def after(cls, state: SequenceState, running: "Cycle") -> "Start":
+        """After `running` settles, whatever it keeps: its kept guesses and the token after
+        them. (The state must hold the tokens settled before `running`.)"""
+        kept = running.kept.reshape(1)
+        last = mx.take(running.tokens, kept).reshape(1, 1)
+        hidden = mx.take(running.hidden, kept, axis=1)
+        return cls(last, hidden, len(state.tokens), state.generated, kept[0] + 1, running.g + 1)
+
+    @property
+    def offset(self) -> Optional[mx.array]:
+        """Where the cycle's target pass writes, on the device (None: at the caches' offset)."""
+        return None if self.ahead is None else self.ahead + (self.length - 1)
+
+
+@dataclass
 class Cycle:
+    start: Start
     g: int  # guesses verified
     asked: int  # guesses asked for (a drafter may propose fewer)
     source: str  # who made them
@@ -29,13 +67,11 @@ class Cycle:
     tokens: mx.array  # [g + 1]: the first kept + 1 are the output
     hidden: mx.array  # [1, g + 1, H]
     reports: Dict[str, mx.array]
-    # Host time the loop has spent on this cycle: building, launching and waiting for it. This,
-    # not the time between two settled cycles, is what it cost: a launch runs most of the cycle
-    # before it returns (MLX keeps few tasks in flight), and a cycle launched ahead runs inside
-    # the previous one's interval.
+    # Host time the loop has spent on this cycle: building, launching and waiting for it (see
+    # pipeline.py). This, not the time between two settled cycles, is what it cost.
     seconds: float = 0.0
     # Each draft step's output: the cycle is launched a step at a time, then whole, and the host
-    # builds a piece of the next cycle between two launches (see launch.py).
+    # builds a piece of the next cycle between two launches (see pipeline.py).
     stages: List[List[mx.array]] = field(default_factory=list)
     launched: int = 0  # launches so far: the stages, then the whole cycle
 
@@ -43,7 +79,12 @@ class Cycle:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
 
     @property
-    def steps_to_launch(self) -> bool:
+    def built_ahead(self) -> bool:
+        return self.start.ahead is not None
+
+    @property
+    def stages_left(self) -> bool:
+        """Whether draft steps are still to be launched before the whole cycle."""
         return self.launched < len(self.stages)
 
     def next_stage(self) -> Optional[list]:
@@ -52,30 +93,6 @@ class Cycle:
             return None
         self.launched += 1
         return self.stages[self.launched - 1] if self.launched <= len(self.stages) else self.arrays()
-
-
-@dataclass
-class Start:
-    """What is settled before a cycle: its input token and the target's hidden state before it
-    (arrays, possibly still being computed), how many tokens are settled, and the output index
-    of the cycle's first token (for the uniforms)."""
-
-    last: mx.array  # [1, 1]
-    hidden: Optional[mx.array]  # [1, 1, H]; None before the first target pass
-    length: int
-    generated: int
-
-    @classmethod
-    def settled(cls, state: SequenceState) -> "Start":
-        last = mx.array([state.tokens[-1:]], dtype=mx.int32)
-        return cls(last, state.hidden, len(state.tokens), state.generated)
-
-    @classmethod
-    def ahead(cls, state: SequenceState, running: Cycle, settles: int) -> "Start":
-        """After `running` settles `settles` tokens (its first settles - 1 guesses kept)."""
-        last = running.tokens[None, settles - 1 : settles]
-        hidden = running.hidden[:, settles - 1 : settles]
-        return cls(last, hidden, len(state.tokens) + settles, state.generated + settles)
 
 
 class CycleBuilder:
@@ -105,20 +122,23 @@ class CycleBuilder:
         # embedding row out of bounds.
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
-        logits, hidden = self.target.forward(inputs, state.cache)
-        t0, uniforms = start.generated, self.uniforms
+        logits, hidden = self.target.forward(inputs, state.cache, start.offset)
+
+        def uniforms(stream, first, n):  # the uniforms of output positions first.. (see sampling.py)
+            return self.uniforms[stream].take(start.generated + first, n, start.ahead, start.most)
+
         if draft.q is None:
-            kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms["target"].take(t0, g + 1))
+            kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms("target", 0, g + 1))
         else:
             kept, tokens, reports = self.verifier.by_ratio(
                 logits[0],
                 draft.tokens,
                 draft.q,
-                uniforms["accept"].take(t0, g)[:, 0],
-                uniforms["residual"].take(t0, g),
-                uniforms["target"].take(t0 + g, 1)[0],
+                uniforms("accept", 0, g)[:, 0],
+                uniforms("residual", 0, g),
+                uniforms("target", g, 1)[0],
             )
-        return Cycle(g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps])
+        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps])
 
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
         context = DraftContext(
@@ -126,10 +146,10 @@ class CycleBuilder:
             ngrams=state.ngrams,
             last_token=start.last,
             hidden=start.hidden,
-            kv=self.target.drafter_buffers(state.cache),
+            kv=self.target.drafter_buffers(state.cache, start.offset),
             settings=self.settings,
-            uniforms=self.uniforms["draft"].take(start.generated, g),
-            length=start.length,
+            uniforms=self.uniforms["draft"].take(start.generated, g, start.ahead, start.most),
+            ahead=start.ahead,
         )
         draft = yield from drafter.draft_steps(context, g)
         n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1

@@ -12,9 +12,10 @@ FULL = "full_attention"
 
 # The most guesses a cycle may verify (the command line's --draft-tokens bound).
 MAX_DRAFT_TOKENS = 16
-# How many of its newest positions a sliding-window cache must be able to drop, at any offset:
-# an early stop takes back a settled cycle and one queued after it, up to 2 (g + 1) positions.
-TRIM_ALLOWANCE = 2 * (MAX_DRAFT_TOKENS + 1)
+# How many of its newest positions a sliding-window cache must be able to drop, at any offset.
+# While the loop hands over one settled cycle's tokens, the next cycle runs and the one after it
+# is queued, each up to g + 1 positions: a caller leaving then takes all three back.
+TRIM_ALLOWANCE = 3 * (MAX_DRAFT_TOKENS + 1)
 
 # transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
 # E2B): a config that leaves them out means what transformers makes of it.

@@ -2,7 +2,7 @@
 statistics it and the loop's outcome prediction read.
 
 `AcceptanceStats`: how often guess i is kept when the guesses before it were (a_i, moving
-averages); from them the expected tokens of a cycle and its most likely outcome.
+averages); from them the expected tokens of a cycle.
 
 `FixedDraftLength`: g guesses every cycle (MTP off is g = 0).
 
@@ -15,7 +15,7 @@ guessing pays again; a probe that keeps all its guesses is followed by one four 
 (up to max_g), so that a run where everything is kept reaches its best length in two cycles.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 MAX_PROBE_INTERVAL = 128  # plain cycles
 
@@ -54,18 +54,6 @@ class AcceptanceStats:
             run *= a
             total += run
         return total
-
-    def likely_outcome(self, g: int) -> Tuple[int, float]:
-        """(tokens, probability): the most likely number of tokens a cycle with g guesses
-        settles, and how likely it is."""
-        best, best_p, run = 0, -1.0, 1.0
-        for k in range(g + 1):
-            a = self.acceptance[k] if k < g else 0.0
-            p = run * (1 - a)  # the first k kept, then a miss (or all g kept)
-            if p > best_p:
-                best, best_p = k, p
-            run *= a
-        return best + 1, best_p
 
 
 def average(old: float, new: float, count: int, decay: float, weight: Optional[float] = None) -> float:

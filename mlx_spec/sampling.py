@@ -244,17 +244,22 @@ class UniformStream:
         self._key = key
         self._blocks = []
 
-    def take(self, start: int, n: int) -> mx.array:
-        """Uniforms [n, 2] for output positions start .. start + n - 1."""
+    def take(self, start: int, n: int, ahead: Optional[mx.array] = None, most: int = 0) -> mx.array:
+        """Uniforms [n, 2] for output positions start .. start + n - 1. For a cycle built ahead
+        of the host, the positions start `ahead` later: a device array (the tokens the running
+        cycle settles, at most `most`), so the slice is taken on the device."""
         if n == 0:
             return mx.zeros((0, 2))
-        while start + n > len(self._blocks) * self.block:
+        end = start + most + n
+        while end > len(self._blocks) * self.block:
             self._key, sub = mx.random.split(self._key)
             self._blocks.append(mx.random.uniform(shape=(self.block, 2), key=sub))
-        first, last = start // self.block, (start + n - 1) // self.block
+        first, last = start // self.block, (end - 1) // self.block
         joined = mx.concatenate(self._blocks[first : last + 1]) if last > first else self._blocks[first]
         offset = start - first * self.block
-        return joined[offset : offset + n]
+        if ahead is None:
+            return joined[offset : offset + n]
+        return mx.slice(joined, (ahead + offset).reshape(1), axes=(0,), slice_size=(n, 2))
 
 
 STREAMS = ("target", "accept", "residual", "draft")

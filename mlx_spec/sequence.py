@@ -4,7 +4,11 @@ A `SequenceState` holds the target's caches, the settled tokens (the last one is
 caches), the target's hidden state at the last cached position, the marks it can go back to and
 its prompt-lookup index. It is the only thing that changes them: the decoding loop, chat
 sessions, the prompt cache and the request path call its methods (prompt tokens in, a cycle's
-tokens settled, positions trimmed, caches put back, unsent tokens taken back, a rewind).
+tokens settled, positions trimmed, unsent tokens taken back, a rewind).
+
+While a cycle built ahead is queued (pipeline.py), the caches hold positions past the settled
+tokens, and their offsets count the most the sequence can reach until the running cycle syncs;
+`trim` and `trim_to_settled` bring them back. Nothing is copied or restored.
 
 Going back is the one mechanism behind chat sessions, the prompt cache and the decoding loop:
 - full-attention caches (mlx-lm's `KVCache`) can drop any number of their newest positions;
@@ -24,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
-from .cache import SlidingWindowCache, restore_caches, snapshot_caches
+from .cache import SlidingWindowCache
 from .gemma4 import TRIM_ALLOWANCE
 from .ngrams import NgramIndex
 from .target import Target, prefill, trim_cache
@@ -98,15 +102,6 @@ class SequenceState:
     def trim_to_settled(self) -> None:
         """Drop every cached position past the settled tokens (a cycle queued, then not kept)."""
         self.trim(self.cached - (len(self.tokens) - 1))
-
-    def snapshot(self) -> list:
-        """The caches as they stand, for `restore`: references to their buffers, no copies."""
-        return snapshot_caches(self.cache)
-
-    def restore(self, snapshot: list) -> None:
-        """Put the caches back as they stood at `snapshot` (what was written since is never
-        computed)."""
-        restore_caches(self.cache, snapshot)
 
     def take_back(self, n: int, hidden: Optional[mx.array]) -> None:
         """Take back the last `n` settled tokens (never handed to the caller); `hidden` is the

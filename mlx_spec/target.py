@@ -7,7 +7,7 @@ last non-shared sliding and full layers, which the MTP drafter reads instead of 
 """
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,7 +15,7 @@ from mlx_lm.models.gemma4_text import logit_softcap
 
 from .cache import FullCache, SlidingWindowCache
 from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, kv_source_layers
-from .target_pass import CompiledPass
+from .target_pass import MAX_POSITIONS, CompiledPass
 
 
 @dataclass
@@ -23,18 +23,23 @@ class SharedKV:
     """One attention type's K/V as the drafter reads it: the cache's whole buffer and the range
     of buffer slots that hold settled positions. The buffer's shape changes only when the cache
     grows it (every few hundred tokens), so a compiled draft step masks the range instead of
-    slicing it and is not traced again for every new context length."""
+    slicing it and is not traced again for every new context length. For a cycle built ahead of
+    the host the range's ends are device arrays (the running cycle decides where it ends)."""
 
     keys: mx.array  # [B, H, capacity, D]
     values: mx.array
-    lo: int  # first slot read
-    hi: int  # one past the last
+    lo: Union[int, mx.array]  # first slot read
+    hi: Union[int, mx.array]  # one past the last
 
     def view(self) -> Tuple[mx.array, mx.array]:
+        if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
+            raise ValueError("this K/V range is computed on the device (a cycle drafted ahead): read it through mask()")
         return self.keys[..., self.lo : self.hi, :], self.values[..., self.lo : self.hi, :]
 
     def last(self, span: int) -> "SharedKV":
         """The newest `span` positions of this range."""
+        if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
+            return SharedKV(self.keys, self.values, mx.maximum(self.lo, self.hi - span), self.hi)
         return SharedKV(self.keys, self.values, max(self.lo, self.hi - span), self.hi)
 
     def mask(self) -> mx.array:
@@ -93,27 +98,37 @@ class Target:
         hidden = self.hidden(tokens, cache)
         return self.logits(hidden), hidden
 
-    def forward(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+    def forward(self, tokens: mx.array, cache: list, offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """`self(tokens, cache)` as the decoding loop runs it: compiled for a few positions at a
-        time (see `target_pass`), plain for anything else (an empty cache, a long input)."""
+        time (see `target_pass`), plain for anything else (an empty cache, a long input).
+        `offset`: where the tokens go, as a device array, when the host does not know it yet
+        (a cycle built ahead); the caches' offsets then count the most it can be."""
         if CompiledPass.applies(tokens, cache):
-            return self._compiled_pass(tokens, cache)
+            return self._compiled_pass(tokens, cache, offset)
+        if offset is not None:
+            raise ValueError("a pass at a device-side offset needs the compiled pass: our caches, "
+                             f"not empty, and at most {MAX_POSITIONS} positions")
         return self(tokens, cache)
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The scaled input embedding, as the target's first layer sees it."""
         return self.text_model.embed_tokens(tokens) * self.text_model.embed_scale
 
-    def drafter_buffers(self, cache: list) -> Dict[str, SharedKV]:
+    def drafter_buffers(self, cache: list, offset: Optional[mx.array] = None) -> Dict[str, SharedKV]:
         """K/V the MTP drafter attends to: the last window + 1 positions of the sliding source
-        layer and every position of the full source layer, all settled (no rejected guesses,
-        as long as the caches were trimmed first)."""
+        layer and every position of the full source layer, all settled (no rejected guesses:
+        they lie past the settled positions). `offset`: the settled positions as a device
+        array, for a cycle built ahead (the caches' own offsets count the most it can be)."""
         sliding = cache[self.kv_layers[SLIDING]]
         full = cache[self.kv_layers[FULL]]
         if full.keys is None:
             raise ValueError("the target has processed no tokens yet: prefill first")
-        return {SLIDING: SharedKV(sliding.keys, sliding.values, *sliding.draft_range()),
-                FULL: SharedKV(full.keys, full.values, 0, full.offset)}
+        if offset is None:
+            return {SLIDING: SharedKV(sliding.keys, sliding.values, *sliding.draft_range()),
+                    FULL: SharedKV(full.keys, full.values, 0, full.offset)}
+        end = offset - sliding.start
+        return {SLIDING: SharedKV(sliding.keys, sliding.values, mx.maximum(end - sliding.draft_span, 0), end),
+                FULL: SharedKV(full.keys, full.values, 0, offset)}
 
     def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
         """`drafter_buffers` as sliced (keys, values), oldest position first."""

@@ -72,13 +72,17 @@ class CompiledPass:
             layouts.setdefault(type(c), set()).add((c.start, c.keys.shape[2]))
         return all(len(layout) == 1 for layout in layouts.values())
 
-    def __call__(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+    def __call__(self, tokens: mx.array, cache: list, offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+        """The pass at the caches' offset, or at `offset` (a device array no greater than theirs,
+        for a pass built before the host knows where the sequence ends). Either way the caches'
+        offsets advance by the tokens' length, and reserve room from there."""
         n = tokens.shape[1]
         for c in cache:
             c.reserve(n)
         buffers = [b for c in cache for b in (c.keys, c.values)]
+        at = mx.array(cache[0].offset, mx.int32) if offset is None else offset.astype(mx.int32)
         logits, hidden, *written = self._function(tokens, buffers)(
-            tokens.astype(mx.int32), mx.array(cache[0].offset, mx.int32),
+            tokens.astype(mx.int32), at,
             mx.array([c.start for c in cache], mx.int32), *buffers)
         for i, c in enumerate(cache):
             c.written(written[2 * i], written[2 * i + 1], n)

@@ -18,7 +18,8 @@ class ScriptedDrafter(Drafter):
     `break_probability` breaks each guess independently instead (seeded).
     strict=False lets the history leave the reference (sampling): guesses are then read at the
     same position of the reference, and padded with token 0 past its end. It reads the
-    position only (the tokens just for a check): it may be drafted ahead of the host."""
+    position only, on the device (the tokens just for a check): it may be drafted ahead of the
+    host."""
 
     drafts_ahead = True
 
@@ -33,15 +34,28 @@ class ScriptedDrafter(Drafter):
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         self.calls += 1
-        start = context.position + 1
         if self.strict:  # the host may not have the last settled tokens yet (a cycle built ahead)
             assert context.tokens == self.reference[: len(context.tokens)], "drafter called on a state off the reference"
-        guesses = self.reference[start : start + g]
-        guesses += [0] * (g - len(guesses))
-        for i in range(g):
-            if i == self.break_at or self.break_probability and self.rng.random() < self.break_probability:
-                guesses[i] = (guesses[i] + 1) % self.vocab_size
-        return Draft(mx.array(guesses, dtype=mx.int32))
+        broken = [i == self.break_at or bool(self.break_probability and self.rng.random() < self.break_probability)
+                  for i in range(g)]
+        return Draft(self.guesses(context.device_position, broken))
+
+    def guesses(self, position: mx.array, broken) -> mx.array:
+        """The reference's next len(broken) tokens after `position`, read on the device (the
+        position may still be computed by the running cycle), each flagged one changed."""
+        g = len(broken)
+        if g == 0:
+            return mx.zeros((0,), mx.int32)
+        where = position + 1 + mx.arange(g)
+        inside = where < self.reference_array.size
+        right = mx.where(inside, mx.take(self.reference_array, mx.minimum(where, self.reference_array.size - 1)), 0)
+        return mx.where(mx.array(broken), (right + 1) % self.vocab_size, right).astype(mx.int32)
+
+    @property
+    def reference_array(self) -> mx.array:
+        if getattr(self, "_reference_array", None) is None:
+            self._reference_array = mx.array(self.reference, mx.int32)
+        return self._reference_array
 
 
 class StepwiseDrafter(ScriptedDrafter):

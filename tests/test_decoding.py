@@ -8,9 +8,11 @@ import torch
 
 import tiny
 from mlx_spec import load
+from mlx_spec.cache import SlidingWindowCache
 from mlx_spec.decoder import SequenceState
 from mlx_spec.engine import Engine
 from mlx_spec.sampling import SettingsError
+from mlx_spec.target import prefill
 from scripted import ScriptedDrafter, StepwiseDrafter
 
 LONG = 320  # tokens generated: many sliding windows (12) long
@@ -60,7 +62,10 @@ def test_all_guesses_kept(engine, prompt, reference, g):
     assert result.tokens == reference[len(prompt) :]
     per_cycle = tokens_per_cycle(result.steps)
     assert per_cycle[:-1] == [g + 1] * (len(per_cycle) - 1)  # the last one is cut by max_tokens
-    assert result.stats.kept == sum(s.drafted for s in result.steps) == LONG - len(per_cycle)
+    # Every guess was kept: g per cycle, and the last cycle's tokens are all guesses unless it
+    # ended on its bonus token.
+    expected = g * (len(per_cycle) - 1) + min(per_cycle[-1], g)
+    assert result.stats.kept == sum(s.drafted for s in result.steps) == expected
 
 
 @pytest.mark.parametrize("g, break_at", [(g, j) for g in range(1, 9) for j in range(g)])
@@ -313,40 +318,72 @@ def test_a_failure_while_building_ahead_leaves_the_state_usable(engine, prompt, 
     assert more == reference[len(state.tokens) - 20 : len(state.tokens)]
 
 
-def test_a_failed_launch_puts_back_the_cycle_built_during_it(engine, prompt, monkeypatch):
-    """The next cycle was built (its caches cut back and written) during the running cycle's
-    staged launch, and the launch's last stage fails: the caches are as they stood before."""
-    from mlx_spec.cache import snapshot_caches
-    from mlx_spec.cycle import Start
-    from mlx_spec.decoder import _Ahead
-    from mlx_spec.target import trim_cache
-
-    decoder = engine.decoder(mtp=False)
-    state = SequenceState(engine.target)
-    decoder.add_tokens(state, prompt)
-    running = decoder.builder.build(state, Start.settled(state), 0, None)
-    running.stages = [[running.tokens]]  # one stage before the whole cycle
-    offsets = [c.offset for c in state.cache]
-
-    def build_ahead():
-        snapshot = snapshot_caches(state.cache)
-        trim_cache(state.cache, 2)  # as if the running cycle settled all but one of its positions
-        ahead = decoder.builder.build(state, Start.settled(state), 0, None)
-        return _Ahead(ahead, 1, snapshot)
-        yield  # a generator: built in one piece
-
+@pytest.mark.parametrize("failing_launch", [1, 2, 3, 4, 5, 7, 9, 12])
+def test_a_failed_launch_leaves_the_state_usable(engine, prompt, reference, monkeypatch, failing_launch):
+    """mx.async_eval raising at any launch (a draft step's stage of the running cycle, the
+    whole of it, or the first stage of the cycle queued behind it): the state holds exactly the
+    tokens handed over, and goes on exactly."""
     launch, launches = mx.async_eval, []
 
-    def fail_on_the_whole_cycle(*arrays):
+    def failing(*arrays):
         launches.append(1)
-        if len(launches) == 2:
+        if len(launches) == failing_launch:
             raise Failed("launch")
         return launch(*arrays)
 
-    monkeypatch.setattr(mx, "async_eval", fail_on_the_whole_cycle)
+    decoder = engine.decoder(drafter=StepwiseDrafter(reference, tiny.VOCAB, break_probability=0.3, seed=1), draft_tokens=3)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    monkeypatch.setattr(mx, "async_eval", failing)
+    handed = []
     with pytest.raises(Failed):
-        decoder._launch(state, running, build_ahead())
-    assert [c.offset for c in state.cache] == offsets
+        for report in decoder.generate(state, 60):
+            handed.append(report.token)
+    monkeypatch.setattr(mx, "async_eval", launch)
+    assert state.tokens == prompt + handed and state.cached == len(state.tokens) - 1
+    more = [r.token for r in decoder.generate(state, 20)]
+    assert more == reference[len(state.tokens) - 20 : len(state.tokens)]
+
+
+def assert_caches_match_a_fresh_pass(target, state):
+    """Every position a query or the drafter can still read holds what a fresh pass over the
+    settled tokens writes there: no rejected guess, no cycle dropped unsynced, left behind."""
+    fresh = target.make_cache()
+    prefill(target, mx.array([state.tokens[:-1]]), fresh)
+    for ours, theirs in zip(state.cache, fresh):
+        assert ours.offset == theirs.offset == len(state.tokens) - 1
+        held = min(ours.offset, target.window + 1) if isinstance(ours, SlidingWindowCache) else ours.offset
+        for a, b in ((ours, theirs),):
+            lo_a, lo_b = a.offset - a.start - held, b.offset - b.start - held
+            for name in ("keys", "values"):
+                x = np.array(getattr(a, name)[..., lo_a : lo_a + held, :])
+                y = np.array(getattr(b, name)[..., lo_b : lo_b + held, :])
+                assert np.abs(x - y).max() <= 1e-4, name
+
+
+def test_cycles_queued_before_their_predecessor_settles_leave_exact_caches(engine, prompt, reference):
+    """Every cycle after the first is built and queued before the one before it syncs, whatever
+    that one keeps: misses at every position, past the window, past a move of the sliding
+    buffers (every 256 positions) and a growth of the full ones (512). After each generation,
+    and after callers leaving mid-answer, the caches hold exactly a fresh pass's keys and
+    values."""
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.25, seed=5, strict=False)
+    decoder = engine.decoder(drafter=drafter, draft_tokens=6)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    for i in range(10):
+        before = decoder.stats.cycles, decoder.stats.prebuilt
+        taken = []
+        for report in decoder.generate(state, 70):
+            taken.append(report.token)
+            if i % 3 == 2 and len(taken) == 23 + i:  # the caller leaves mid-answer
+                break
+        cycles, prebuilt = decoder.stats.cycles - before[0], decoder.stats.prebuilt - before[1]
+        if i % 3 != 2:
+            assert prebuilt == cycles - 1 and cycles > 10
+        assert_caches_match_a_fresh_pass(engine.target, state)
+    assert len(state.tokens) > 512 + 40 and 0 < decoder.stats.kept < decoder.stats.drafted
+    assert set(decoder.stats.kept_by_position) != {0}
 
 
 def test_numpy_prompts_and_settings(engine, prompt):
@@ -355,35 +392,49 @@ def test_numpy_prompts_and_settings(engine, prompt):
     assert a.tokens == b.tokens
 
 
-@pytest.mark.parametrize("g, break_probability", [(1, 0.12), (2, 0.05), (3, 0.04)])
-def test_cycles_built_ahead_hit_and_miss_exactly(engine, prompt, reference, g, break_probability):
-    """The next cycle is built while one runs, for its likely outcome: launched at once when the
-    outcome was as assumed, thrown away (the caches put back) when it was not. Either way the
-    tokens are the target's own."""
+@pytest.mark.parametrize("g, break_probability", [(1, 0.12), (3, 0.3), (6, 0.5)])
+def test_every_cycle_is_built_ahead_whatever_its_predecessor_keeps(engine, prompt, reference, g, break_probability):
+    """The next cycle is built from the running cycle's lazy outputs and queued behind it,
+    whatever it keeps: only the first cycle is built after a sync, and the device never waits
+    for the host between two cycles. The tokens are the target's own."""
     drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=break_probability, seed=g)
     result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=g)
     assert result.tokens == reference[len(prompt) :]
-    assert 0 < result.stats.prebuilt < result.stats.cycles - 1  # hits and misses both happened
+    assert 0 < result.stats.kept < result.stats.drafted  # hits and misses both happened
+    assert result.stats.prebuilt == result.stats.cycles - 1 and result.stats.exposed_host_seconds == 0
     assert result.stats.host_syncs == result.stats.cycles
 
 
 def test_the_next_cycle_is_built_between_the_stages_of_the_running_one(engine, prompt, reference, monkeypatch):
     """MLX keeps only a few tasks in flight, so the host is free only while the last of a
     launch run: the running cycle is launched a draft step at a time, and a step of the next
-    one is built after each. Hits and misses both happen, and the tokens stay the target's."""
+    one is built after each. The tokens stay the target's."""
     log = []
     launch = mx.async_eval
     monkeypatch.setattr(mx, "async_eval", lambda *a: (log.append("launch"), launch(*a))[1])
-    drafter = StepwiseDrafter(reference, tiny.VOCAB, break_probability=0.04, seed=3, log=log)
+    drafter = StepwiseDrafter(reference, tiny.VOCAB, break_probability=0.2, seed=3, log=log)
     result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=4)
     assert result.tokens == reference[len(prompt) :]
-    assert 0 < result.stats.prebuilt < result.stats.cycles - 1
+    assert result.stats.prebuilt == result.stats.cycles - 1
     assert " ".join(["launch", "piece"] * 4) in " ".join(log)
 
 
-def test_a_certain_next_cycle_is_queued_before_the_sync(engine, prompt, reference):
+def test_mtp_off_queues_each_pass_before_the_sync(engine, prompt, reference):
     result = engine.generate(prompt, max_tokens=50, mtp=False)
     assert result.stats.prebuilt == result.stats.cycles - 1 and result.stats.exposed_host_seconds == 0
+
+
+def test_a_drafter_that_reads_the_tokens_waits_for_them(engine, prompt, reference):
+    """Prompt lookup reads the tokens' values: a cycle after one it guessed is built after the
+    sync (the chain's MTP member drafts the others ahead)."""
+    from mlx_spec.drafting import Chain, PromptLookup
+
+    repeated = prompt + prompt[:20]  # the answer's start repeats the prompt: lookup guesses
+    chain = Chain([PromptLookup(), engine.mtp_drafter])
+    result = engine.generate(repeated, max_tokens=60, drafter=chain, draft_tokens=4)
+    assert result.tokens == engine.generate(repeated, max_tokens=60, mtp=False).tokens
+    lookup_cycles = result.stats.drafted_by_source.get("lookup", 0)
+    assert lookup_cycles > 0 and result.stats.prebuilt < result.stats.cycles - 1
 
 
 @pytest.mark.parametrize("sampled", [False, True])

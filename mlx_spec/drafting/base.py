@@ -31,10 +31,10 @@ class DraftContext:
     kv: Dict[str, SharedKV]  # the target's K/V (see Target.drafter_buffers)
     settings: SamplingSettings
     uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
-    # Settled tokens, when the last of them are still on the device (a cycle built ahead):
-    # `tokens` then holds only the first ones. Only drafters that declare `drafts_ahead` are
-    # asked to draft such a cycle.
-    length: Optional[int] = None
+    # For a cycle drafted ahead of the host: how many tokens the running cycle settles after
+    # `tokens`, a device array. Only drafters that declare `drafts_ahead` see it set; they read
+    # the position as `device_position`, and the K/V ranges are device arrays too.
+    ahead: Optional[mx.array] = None
     # The sequence's n-gram index (see ngrams.py), for drafters that copy; a fresh one for a
     # context made by hand.
     ngrams: NgramIndex = field(default_factory=NgramIndex)
@@ -46,8 +46,17 @@ class DraftContext:
 
     @property
     def position(self) -> int:
-        """Position of the last settled token."""
-        return (len(self.tokens) if self.length is None else self.length) - 1
+        """Position of the last settled token (on the host: a cycle drafted ahead has none)."""
+        if self.ahead is not None:
+            raise ValueError("the position of a cycle drafted ahead is on the device: read device_position")
+        return len(self.tokens) - 1
+
+    @property
+    def device_position(self) -> mx.array:
+        """Position of the last settled token as an int32 array (lazy when drafted ahead)."""
+        if self.ahead is None:
+            return mx.array(len(self.tokens) - 1, mx.int32)
+        return (self.ahead + (len(self.tokens) - 1)).astype(mx.int32)
 
 
 @dataclass
@@ -56,7 +65,7 @@ class Draft:
     q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
     source: str = "drafter"  # where the guesses came from, for the statistics
     # Each step's output, in order, for drafters that guess step by step: the cycle is launched
-    # a step at a time (see launch.py).
+    # a step at a time (see pipeline.py).
     steps: List[mx.array] = field(default_factory=list)
 
 
@@ -64,12 +73,12 @@ class Drafter(ABC):
     """A source of guesses. Subclasses implement `draft`, and declare what they allow:
 
     - `drafts_ahead` (default False): the drafter reads only what is on the device (the last
-      token, the hidden state, the K/V, the position), never the values of `context.tokens`, so
-      the loop may ask it for a cycle before the running cycle's tokens reach the host. Off by
-      default: a drafter that reads the tokens and were drafted ahead would see stale ones and
-      lose guesses silently.
+      token, the hidden state, the K/V, `device_position`), never the values of
+      `context.tokens`, so the loop may ask it for a cycle before the running cycle's tokens
+      reach the host (`context.ahead` is then set). Off by default: a drafter that reads the
+      tokens and were drafted ahead would see stale ones and lose guesses silently.
     - `draft_steps`: a drafter that guesses step by step yields after each step, so the loop can
-      build its cycle between the stages of the running cycle's launch (launch.py).
+      build its cycle between the stages of the running cycle's launch (pipeline.py).
     """
 
     drafts_ahead = False

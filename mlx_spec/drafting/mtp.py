@@ -41,7 +41,7 @@ class MTPDrafter(Drafter):
         token, hidden = context.last_token, context.hidden
         # Held at the last settled token's position for the round, as transformers and Google's
         # runtime do (vLLM and mlx-vlm use one less).
-        position = mx.array(context.position)
+        position = context.device_position
         # The K/V stay the same for every step of the round: their masks are built once.
         sliding, full = context.kv[SLIDING].last(self.assistant.sliding_span), context.kv[FULL]
         kv = (sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask())
