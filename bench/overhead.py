@@ -8,7 +8,7 @@ structure, not on the widths, and nothing is downloaded.
 
 With `--positions bench/results/positions.json` from a Mac (device times of a target pass and of
 the drafter), it also predicts tok/s with a serial build (build + device) and with a pipelined
-one (max(build, device)), at acceptance 0 (g = 0) and 1 (g = 6).
+one (max(build, device)), at acceptance 0 (g = 0) and 0.3 ... 1 (g = 6).
 
     python bench/overhead.py                 # seconds, anywhere
     python bench/overhead.py --positions bench/results/positions.json
@@ -200,14 +200,21 @@ def predict(positions: dict, build: dict, lm_ms: float) -> list:
     device = {r["positions"]: r["ms"] for r in positions["target"] if r["context"] == context}
     draft = {r["steps"]: r["ms"] for r in positions["drafter"]}
     rows = []
-    for name, g, tokens in (("acceptance 0, g = 0", 0, 1), ("acceptance 1, g = 6", 6, 7)):
+    # Acceptance a keeps 1 + a + ... + a^g tokens a cycle. Before every cycle was built ahead
+    # (issue 24), cycles at middle acceptances were built after the sync: serial. Now all are
+    # pipelined, and the gain there is serial / pipelined.
+    cases = [("acceptance 0, g = 0", 0, 1.0)] + [(f"acceptance {a:g}, g = 6", 6, sum(a**i for i in range(7)))
+                                                  for a in (0.3, 0.5, 0.7, 1.0)]
+    for name, g, tokens in cases:
         dev = device[g + 1] + draft.get(g, 0.0)
         serial, piped = build[g] + dev, max(build[g], dev)
-        rows.append({"case": name, "device_ms": dev, "serial_tps": 1000 * tokens / serial, "pipelined_tps": 1000 * tokens / piped})
+        rows.append({"case": name, "device_ms": dev, "serial_tps": 1000 * tokens / serial, "pipelined_tps": 1000 * tokens / piped,
+                     "gain": serial / piped})
     rows.append({"case": "mlx-lm (pipelined)", "device_ms": device[1], "pipelined_tps": 1000 / max(lm_ms, device[1])})
     print(f"\nPredicted with the device times of {positions['machine']['chip']} at context {context}:\n")
-    print(markdown(["case", "device ms", "serial tok/s", "pipelined tok/s"],
-                   [[r["case"], f"{r['device_ms']:.2f}", f"{r.get('serial_tps', 0):.1f}", f"{r['pipelined_tps']:.1f}"] for r in rows]))
+    print(markdown(["case", "device ms", "serial tok/s", "pipelined tok/s", "pipelined / serial"],
+                   [[r["case"], f"{r['device_ms']:.2f}", f"{r.get('serial_tps', 0):.1f}", f"{r['pipelined_tps']:.1f}",
+                     f"{r['gain']:.2f}x" if "gain" in r else ""] for r in rows]))
     return rows
 
 

@@ -64,7 +64,7 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, d
         times.append(time.perf_counter())
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
-            "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms,
+            "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms, "waited_ms": s.waited_ms,
             "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1),
             "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps,
             "cycles_by_g": dict(s.cycles_by_g), "kept_by_source": dict(s.kept_by_source),

@@ -112,6 +112,8 @@ class Decoder:
         began = time.perf_counter()
         produced, pending, upcoming = 0, _Pending(), None
         self.pipeline.restart()
+        if self.drafter is not None:
+            self.drafter.begin(state)
         try:
             while produced < max_tokens:
                 budget = max_tokens - produced
@@ -142,6 +144,8 @@ class Decoder:
         state.trim(cycle.g + 1 - n)
         hidden_before = state.hidden
         state.settle(outcome.tokens, cycle.hidden[:, n - 1 : n])
+        if self.drafter is not None:
+            self.drafter.accept(state, outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
         self.policy.observe(cycle.g, min(outcome.kept, n), cycle.seconds, asked=cycle.asked)

@@ -97,6 +97,7 @@ class Pipeline:
         self.stats.host_syncs += 1
         synced = time.perf_counter()
         cycle.seconds += synced - began
+        self.stats.waited_seconds += synced - began
         self.synced_at = None if upcoming is not None else synced
         kept = cycle.kept.item()
         tokens = cycle.tokens.tolist()[: kept + 1][:budget]

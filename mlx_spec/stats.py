@@ -22,6 +22,9 @@ class Stats:
     host_syncs: int = 0  # synchronisations in the decoding cycles
     prebuilt: int = 0  # cycles built while the one before them ran, then launched at once
     exposed_host_seconds: float = 0.0  # host time from a sync to the next cycle's first launch
+    # Host time spent waiting in the syncs: while it is well above zero, the device had work
+    # queued all along (the host was ahead of it), and a deeper pipeline could not make it faster.
+    waited_seconds: float = 0.0
     peak_memory_gb: float = 0.0
 
     @property
@@ -42,6 +45,11 @@ class Stats:
         return 1000 * self.exposed_host_seconds / (self.cycles - 1) if self.cycles > 1 else 0.0
 
     @property
+    def waited_ms(self) -> float:
+        """Host time waiting in the syncs per cycle, in milliseconds."""
+        return 1000 * self.waited_seconds / self.cycles if self.cycles else 0.0
+
+    @property
     def prebuilt_share(self) -> float:
         return self.prebuilt / (self.cycles - 1) if self.cycles > 1 else 0.0
 
@@ -52,7 +60,8 @@ class Stats:
     def to_dict(self) -> Dict:
         out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
         out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance,
-                   exposed_host_ms=self.exposed_host_ms, prebuilt_share=self.prebuilt_share)
+                   exposed_host_ms=self.exposed_host_ms, prebuilt_share=self.prebuilt_share,
+                   waited_ms=self.waited_ms)
         return out
 
     def count(self, g: int, source: str, kept: int, emitted: int) -> None:

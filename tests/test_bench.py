@@ -139,7 +139,10 @@ def test_overhead(tiny_models, tmp_path):
     nodes = data["nodes"]
     assert nodes["target pass, plain"] > nodes["target pass, compiled"] > nodes["draft step, plain"] > nodes["draft step, compiled"] > 0
     assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
-    assert [row["case"] for row in data["predicted"]][:2] == ["acceptance 0, g = 0", "acceptance 1, g = 6"]
+    cases = [row["case"] for row in data["predicted"]]
+    assert cases[:-1] == ["acceptance 0, g = 0"] + [f"acceptance {a}, g = 6" for a in ("0.3", "0.5", "0.7", "1")]
+    # Pipelined is never slower than serial: max(build, device) <= build + device.
+    assert all(row["gain"] >= 1 for row in data["predicted"][:-1])
     assert "pipelined tok/s" in stdout
 
 

@@ -505,3 +505,39 @@ def test_a_custom_drafter_that_reads_the_tokens_keeps_every_right_guess(engine, 
     result = engine.generate(prompt, max_tokens=LONG - 5, drafter=KnowsTheAnswer(reference), draft_tokens=6)
     assert result.tokens == reference[len(prompt) : len(prompt) + LONG - 5]
     assert result.stats.drafted > 150 and result.stats.kept == result.stats.drafted
+
+
+class Witness(ScriptedDrafter):
+    """A scripted drafter that records the per-sequence calls it gets."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls_log = []
+
+    def begin(self, sequence):
+        self.calls_log.append(("begin", sequence, list(sequence.tokens)))
+
+    def accept(self, sequence, tokens):
+        assert sequence.tokens[-len(tokens) :] == tokens
+        self.calls_log.append(("accept", sequence, list(tokens)))
+
+
+def test_a_drafter_gets_begin_and_accept_per_sequence(engine, prompt, reference):
+    """As llama.cpp's speculative states: each generation begins on its sequence, and every
+    settled run of tokens is accepted on it, in order, while two sequences alternate."""
+    witness = Witness(reference, tiny.VOCAB, break_probability=0.3, seed=2, strict=False)
+    decoder = engine.decoder(drafter=witness, draft_tokens=4)
+    states = [SequenceState(engine.target), SequenceState(engine.target)]
+    other = prompt[::-1]
+    decoder.add_tokens(states[0], prompt)
+    decoder.add_tokens(states[1], other)
+    for turn in range(4):
+        state = states[turn % 2]
+        witness.calls_log.clear()
+        before = list(state.tokens)
+        out = [r.token for r in decoder.generate(state, 25)]
+        kinds = [c[0] for c in witness.calls_log]
+        assert kinds[0] == "begin" and kinds.count("begin") == 1
+        assert witness.calls_log[0][1] is state and witness.calls_log[0][2] == before
+        assert all(c[1] is state for c in witness.calls_log)
+        assert sum((c[2] for c in witness.calls_log[1:]), []) == out

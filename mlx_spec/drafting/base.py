@@ -98,6 +98,15 @@ class Drafter(ABC):
         (`last_source`: who guessed the running cycle's); None: the cycle waits for them."""
         return self if self.drafts_ahead else None
 
+    def begin(self, sequence) -> None:
+        """A generation starts on `sequence` (a SequenceState; its `tokens` hold the prompt and
+        all settled before). A drafter that keeps state of its own keys it on the sequence:
+        several sequences may alternate (chat sessions, the server's conversations), and tokens
+        settled but never handed over are taken back between generations."""
+
+    def accept(self, sequence, tokens: List[int]) -> None:
+        """`tokens` were settled on `sequence`, in order (its `tokens` now end with them)."""
+
 
 class Custom(Drafter):
     """Any object with `draft(context, g)`, as a Drafter with the safe defaults: it is never
@@ -108,6 +117,14 @@ class Custom(Drafter):
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         return self.inner.draft(context, g)
+
+    def begin(self, sequence) -> None:
+        if callable(getattr(self.inner, "begin", None)):
+            self.inner.begin(sequence)
+
+    def accept(self, sequence, tokens: List[int]) -> None:
+        if callable(getattr(self.inner, "accept", None)):
+            self.inner.accept(sequence, tokens)
 
 
 def as_drafter(drafter) -> Optional[Drafter]:

@@ -36,6 +36,14 @@ class Chain(Drafter):
                 return draft
         return (yield from self.members[-1].draft_steps(context, g))
 
+    def begin(self, sequence) -> None:
+        for member in self.members:
+            member.begin(sequence)
+
+    def accept(self, sequence, tokens: List[int]) -> None:
+        for member in self.members:
+            member.accept(sequence, tokens)
+
     def for_ahead(self, last_source: str) -> Optional[Drafter]:
         if self.drafts_ahead:
             return self
