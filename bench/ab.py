@@ -3,8 +3,9 @@ interleaved rounds on the same model, prompt and machine.
 
 Each revision runs in a worker process of its own, importing its own `mlx_spec` and bench code
 (the base revision is exported from git into a temporary folder). The driver asks the two
-workers for the same run in turn (old, new, old, new, ...), so a machine whose speed drifts
-slows both alike, and reports per run the median over the rounds of new / old tok/s.
+workers for the same run in turn (old then new, then new then old, ...), so a machine whose
+speed drifts slows both alike, and reports per run the median over the rounds of new / old
+tok/s.
 
     python bench/ab.py --base HEAD~1 --random-weights --shape small
     python bench/ab.py --base HEAD~1 --model /path/to/target --drafter /path/to/assistant
@@ -91,22 +92,30 @@ def main():
                         help="comma-separated acceptance:g (g a number, 'adaptive' or 'off')")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--out", default=None, help="JSON output file [bench/results/ab.json]")
     args, model_args = parser.parse_known_args()
+    from common import header, machine  # the working tree's own: this machine, named as every bench does
+
+    info = machine()
     runs = [tuple(r.split(":")) for r in args.runs.split(",")]
     with tempfile.TemporaryDirectory(prefix="mlx-spec-base-") as folder:
         base = export(args.base, Path(folder))
         workers = {"old": Worker(base, model_args, args.prompt_tokens, args.max_tokens),
                    "new": Worker(ROOT, model_args, args.prompt_tokens, args.max_tokens)}
         figures = {(a, g, side): [] for a, g in runs for side in workers}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             for a, g in runs:
-                for side, worker in workers.items():
+                # Old first in even rounds, new first in odd ones: whatever the run before leaves
+                # behind (a warm cache, a busy core) falls on both alike.
+                order = list(workers.items()) if round_ % 2 == 0 else list(workers.items())[::-1]
+                for side, worker in order:
                     figures[(a, g, side)].append(worker.run(float(a), g))
         for worker in workers.values():
             worker.close()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"base {args.base}, new: the working tree at {head}; model {' '.join(model_args)}; "
-          f"{args.rounds} interleaved rounds, {args.max_tokens} tokens after {args.prompt_tokens}\n")
+    print(header("Two revisions side by side", info, {"base": args.base, "new": f"the working tree at {head}",
+                                                        "model": " ".join(model_args), "rounds": args.rounds,
+                                                        "prompt": args.prompt_tokens, "tokens": args.max_tokens}))
     print("| acceptance | g | old tok/s | new tok/s | new / old (median of rounds) | old pre-built, exposed ms | new pre-built, exposed ms |")
     print("|---|---|---|---|---|---|---|")
     out = []
@@ -121,10 +130,10 @@ def main():
         print(f"| {a} | {g} | {med(old, 'tps'):.1f} | {med(new, 'tps'):.1f} | {ratio:.3f} | "
               f"{100 * med(old, 'prebuilt_share'):.0f}%, {med(old, 'exposed_host_ms'):.2f} | "
               f"{100 * med(new, 'prebuilt_share'):.0f}%, {med(new, 'exposed_host_ms'):.2f} |")
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / "ab.json").write_text(json.dumps({"base": args.base, "head": head, "model": model_args, "runs": out}, indent=1))
-    print(f"\nJSON: {results / 'ab.json'}")
+    path = Path(args.out) if args.out else HERE / "results" / "ab.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": info, "base": args.base, "head": head, "model": model_args, "runs": out}, indent=1))
+    print(f"\nJSON: {path}")
 
 
 if __name__ == "__main__":

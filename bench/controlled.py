@@ -138,12 +138,14 @@ def main():
         (f"a = 1, g = {g}: loop efficiency >= 0.93", loop["efficiency"], 0.93),
         ("pre-built share >= 0.95 at every acceptance, g = 6 and adaptive",
          min(min(x["prebuilt_share"], x["adaptive_prebuilt_share"]) for x in results["sweep"]), 0.95),
-        # Inverted so that "met" reads the same way: 0.3 ms over the worst exposed time.
-        ("exposed host time <= 0.3 ms per cycle at every acceptance (0.3 / worst)",
-         0.3 / max(1e-9, *(max(x["exposed_host_ms"], x["adaptive_exposed_host_ms"]) for x in results["sweep"])), 1.0),
     ]
-    results["bars"] = [{"bar": b, "ratio": v, "needed": need, "met": v >= need} for b, v, need in bars]
-    print("\n" + markdown(["bar", "ratio", "met"], [[b, f"{v:.2f}", "yes" if v >= need else "NO"] for b, v, need in bars]))
+    # A bar on a figure that must stay low: met when the worst case is at most the bound.
+    ceilings = [("exposed host ms per cycle <= 0.3 at every acceptance, g = 6 and adaptive",
+                 max(max(x["exposed_host_ms"], x["adaptive_exposed_host_ms"]) for x in results["sweep"]), 0.3)]
+    results["bars"] = ([{"bar": b, "ratio": v, "needed": need, "met": v >= need} for b, v, need in bars]
+                       + [{"bar": b, "value": v, "at_most": most, "met": v <= most} for b, v, most in ceilings])
+    print("\n" + markdown(["bar", "figure", "met"], [[b, f"{v:.2f}", "yes" if v >= need else "NO"] for b, v, need in bars]
+                          + [[b, f"{v:.2f}", "yes" if v <= most else "NO"] for b, v, most in ceilings]))
     print(f"\nJSON: {write_json('controlled', args, results)}")
 
 

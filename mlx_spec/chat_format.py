@@ -102,19 +102,47 @@ def for_template(messages: List[Message]) -> List[Message]:
     call it answers (`tool_responses`, in order), where a mapping is written
     `response:NAME{key:value}`. (The template's OpenAI path, `role: "tool"` messages, takes
     strings only.) Content given as parts is joined to its text, and call arguments given as a
-    JSON string (as OpenAI clients send them) are read into the mapping the template writes."""
+    JSON string (as OpenAI clients send them) are read into the mapping the template writes.
+
+    A tool result must answer a call of the assistant message before it: by `tool_call_id`
+    where it gives one, else by `name`, else the next call not yet answered. One that answers
+    no call is a SettingsError naming it, never dropped or put onto another call."""
     out: List[Message] = []
-    for message in messages:
+    for index, message in enumerate(messages):
         calls = out[-1].get("tool_calls") if out and out[-1].get("role") == "assistant" else None
-        if message.get("role") == "tool" and calls:
-            response = {"name": _tool_name(calls, message), "response": _text_of_parts(message.get("content"))}
-            out[-1]["tool_responses"] = [*out[-1].get("tool_responses", []), response]  # never the caller's list
+        if message.get("role") == "tool":
+            answered = out[-1].setdefault("tool_responses", []) if calls else None
+            call = _answered_call(calls, answered, message, index)
+            name = (call.get("function") or {}).get("name") or message.get("name") or "unknown"
+            out[-1]["tool_responses"] = [*answered, {"name": name, "response": _text_of_parts(message.get("content"))}]
             continue
         message = dict(message)
         if message.get("tool_calls"):
             message["tool_calls"] = [_with_mapping_arguments(c) for c in message["tool_calls"]]
         out.append(message)
     return out
+
+
+def _answered_call(calls: Optional[List[Message]], answered: Optional[list], result: Message, index: int) -> Message:
+    """The call a tool result answers (see `for_template`)."""
+    if not calls:
+        raise SettingsError(f"messages[{index}]: a tool result must follow an assistant message with tool_calls")
+    wanted = result.get("tool_call_id")
+    if wanted is not None:
+        for call in calls:
+            if call.get("id") == wanted:
+                return call
+        known = ", ".join(repr(c.get("id")) for c in calls if c.get("id") is not None) or "none"
+        raise SettingsError(f"messages[{index}]: tool_call_id {wanted!r} answers no call of the assistant message "
+                            f"before it (its call ids: {known})")
+    if result.get("name") is not None:
+        for call in calls:
+            if (call.get("function") or {}).get("name") == result["name"]:
+                return call
+        raise SettingsError(f"messages[{index}]: no call of the assistant message before it is named {result['name']!r}")
+    if len(answered) >= len(calls):
+        raise SettingsError(f"messages[{index}]: more tool results than the {len(calls)} call(s) before them")
+    return calls[len(answered)]
 
 
 def _with_mapping_arguments(call: Message) -> Message:
@@ -130,13 +158,6 @@ def _with_mapping_arguments(call: Message) -> Message:
     if not isinstance(parsed, dict):
         return call
     return {**call, "function": {**call["function"], "arguments": parsed}}
-
-
-def _tool_name(calls: List[Message], result: Message) -> str:
-    for call in calls:
-        if result.get("tool_call_id") is not None and call.get("id") == result["tool_call_id"]:
-            return (call.get("function") or {}).get("name") or result.get("name") or "unknown"
-    return result.get("name") or "unknown"
 
 
 def _text_of_parts(content: Any) -> Any:

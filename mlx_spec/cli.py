@@ -230,8 +230,11 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
               help="Memory for the prompt cache of recent conversations (least recently used go first; 0 turns it off).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="uvicorn's log level.")
+@click.option("--served-model-name", "served_names", multiple=True, metavar="NAME",
+              help="The model's name in the API (repeatable: the first is the id answers carry, the others aliases). "
+                   "The path or hub id, its last part and the family's short name (e2b, ...) are accepted too.")
 def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-          thinking, host, port, api_key, cache_gb, log_level):
+          thinking, host, port, api_key, cache_gb, log_level, served_names):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions) and the token page at /.
 
     The sampling flags, --max-tokens and --thinking are the defaults for requests that leave
@@ -243,7 +246,8 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
-    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level)
+    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level,
+               served_names=served_names)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").

@@ -57,6 +57,9 @@ class Decoder:
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
         if drafter is not None and draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
             raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
+        if settings.top_k > target.vocab_size:
+            raise SettingsError(f"top_k must be at most the vocabulary's {target.vocab_size} tokens (0 turns it off), "
+                                f"got {settings.top_k}")
         drafter = as_drafter(drafter)
         self.target = target
         self.settings = settings

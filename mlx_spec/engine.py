@@ -4,7 +4,7 @@ Data flows one way: Engine -> Decoder -> (drafter, target, caches, sampling).
 """
 
 import numbers
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -66,19 +66,43 @@ class Engine:
             return list(self._require_tokenizer("a text prompt").encode(prompt))
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if prompt and all(isinstance(m, dict) for m in prompt):
-            tokenizer = self._require_tokenizer("chat messages")
-            if not getattr(tokenizer, "chat_template", None):
-                raise SettingsError(
-                    f"chat messages need a chat template, and the tokenizer of {self.target_path} has none "
-                    "(a base model or a hand-made conversion); send token ids or plain text instead (a string "
-                    "in Python, --raw with mlx-spec generate, /v1/completions on the server)"
-                )
-            return list(tokenizer.apply_chat_template(
+            return list(self._chat_tokenizer().apply_chat_template(
                 for_template(prompt), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking)
             ))
         if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
             return [int(t) for t in prompt]
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
+
+    def render(self, prompt: Prompt, tools: Optional[List[dict]] = None, thinking: bool = False) -> Optional[str]:
+        """The text `encode` tokenizes (messages through the chat template); None for token ids.
+        Rendering is cheap where tokenizing a long text is not: see `longest_token_chars`."""
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            return self._chat_tokenizer().apply_chat_template(
+                for_template(list(prompt)), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking),
+                tokenize=False)
+        return None
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters one token stands for (the longest piece in the vocabulary; a byte
+        token's name, 6 characters, is longer than the byte it stands for): a text of n
+        characters is at least n / this many tokens."""
+        tokenizer = self._require_tokenizer("a text prompt")
+        inner = getattr(tokenizer, "_tokenizer", tokenizer)  # transformers' own, under mlx-lm's wrapper
+        pieces = inner.convert_ids_to_tokens(list(range(len(inner))))
+        return max(1, *(len(p) for p in pieces if isinstance(p, str)))
+
+    def _chat_tokenizer(self):
+        tokenizer = self._require_tokenizer("chat messages")
+        if not getattr(tokenizer, "chat_template", None):
+            raise SettingsError(
+                f"chat messages need a chat template, and the tokenizer of {self.target_path} has none "
+                "(a base model or a hand-made conversion); send token ids or plain text instead (a string "
+                "in Python, --raw with mlx-spec generate, /v1/completions on the server)"
+            )
+        return tokenizer
 
     def _require_tokenizer(self, what: str):
         if self.tokenizer is None:

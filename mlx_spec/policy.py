@@ -13,6 +13,9 @@ target step) is one of the choices, so drafting stops where it does not pay; and
 stopped, a short probe now and then (as often as costs about 1% of the time) notices when
 guessing pays again; a probe that keeps all its guesses is followed by one four times as long
 (up to max_g), so that a run where everything is kept reaches its best length in two cycles.
+Each probe in a row that keeps nothing doubles the wait before the next, up to
+MAX_PROBE_INTERVAL plain cycles (a second or two of decoding), so that content where nothing is
+ever kept pays less for the exploring; a probe that keeps anything resets it.
 """
 
 from typing import Dict, List, Optional
@@ -96,6 +99,7 @@ class AdaptiveDraftLength:
         # Whether the probe was handed out and has not been observed yet: the loop chooses the
         # next cycle's length while the current one runs, and must not probe twice for one.
         self.probe_out = False
+        self.backoff = 1  # multiplies the probe interval: doubled by each probe that keeps nothing
 
     def choose(self, budget: int) -> int:
         """g for the next cycle, at most budget - 1 (a cycle settles up to g + 1 tokens)."""
@@ -147,6 +151,8 @@ class AdaptiveDraftLength:
             # A probe that kept everything is followed by a longer one; a miss ends probing.
             self.probe = min(4 * g, self.max_g) if probing and kept == g == asked and g < self.max_g else 0
             self.probe_out = False
+            if probing and g > 0:  # (a drafter that proposed nothing told nothing)
+                self.backoff = 2 * self.backoff if kept == 0 else 1
         self.timed[g] = self.timed.get(g, 0) + 1
         self.seconds[g] = average(self.seconds.get(g, 0.0), seconds, self.timed[g], self.decay)
 
@@ -157,9 +163,9 @@ class AdaptiveDraftLength:
         step costs nearly a target pass). At most MAX_PROBE_INTERVAL cycles, so that content
         where guessing pays again is noticed within a second or two."""
         if 0 not in self.seconds or self.probe_g not in self.seconds:
-            return 16
+            return min(16 * self.backoff, MAX_PROBE_INTERVAL)
         extra = max(self.seconds[self.probe_g] / self.seconds[0] - 1, 0.0)
-        return int(min(max(extra / self.probe_overhead, 4), MAX_PROBE_INTERVAL))
+        return int(min(max(extra / self.probe_overhead, 4) * self.backoff, MAX_PROBE_INTERVAL))
 
     def _line(self):
         """g -> the time of a cycle with g guesses, for lengths not measured yet: a least squares

@@ -17,6 +17,7 @@ Acceptance rules, both exact:
   kept the bonus token is the target's own draw (Leviathan et al., 2023).
 """
 
+import math
 import numbers
 import os
 from dataclasses import dataclass, replace
@@ -37,8 +38,8 @@ class SamplingSettings:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise SettingsError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise SettingsError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not is_integer(self.top_k) or self.top_k < 0:
             raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -47,11 +47,15 @@ def test_policy_finds_the_middle():
 
 
 def test_policy_drafts_again_when_content_becomes_predictable():
+    """Within MAX_PROBE_INTERVAL plain cycles (the longest wait between probes, however many
+    kept nothing) a probe notices, and two cycles later the draft is long again."""
+    from mlx_spec.policy import MAX_PROBE_INTERVAL
+
     policy = AdaptiveDraftLength(8)
-    simulate(policy, acceptance=0.0, cycles=200)
-    chosen = simulate(policy, acceptance=1.0, cycles=200, seed=1)
+    simulate(policy, acceptance=0.0, cycles=400)
+    chosen = simulate(policy, acceptance=1.0, cycles=MAX_PROBE_INTERVAL + 300, seed=1)
     late = sum(v for g, v in chosen.items() if g >= 6)
-    assert late > 0.7 * sum(chosen.values())
+    assert late >= 300 - 3
 
 
 def stopped_policy():
@@ -90,11 +94,40 @@ def test_a_probe_whose_drafter_proposed_nothing_still_ends():
     policy.observe(0, 0, 1.0)
     policy.observe(0, 0, 1.0, asked=policy.probe_g)
     probes = 0
-    for _ in range(200):
+    for _ in range(3 * 128):  # MAX_PROBE_INTERVAL: the longest wait between two probes
         g = policy.choose(budget=100)
         probes += g > 0
         policy.observe(g, 0, 1.0 + 0.3 * g)
     assert probes >= 2
+
+
+def probes_in(policy, cycles, acceptance, seed=0):
+    """How many probes `policy` hands out over `cycles` cycles whose guesses are kept with
+    probability `acceptance` (a guess costs 0.3 of a pass)."""
+    rng, probes = np.random.default_rng(seed), 0
+    for _ in range(cycles):
+        g = policy.choose(budget=100)
+        probes += g > 0
+        kept = 0
+        while kept < g and rng.random() < acceptance:
+            kept += 1
+        policy.observe(g, kept, 1.0 + 0.3 * g)
+    return probes
+
+
+def test_probes_that_keep_nothing_back_off():
+    """Where nothing is ever kept, each empty probe doubles the wait for the next (up to
+    MAX_PROBE_INTERVAL cycles): over 3,000 cycles far fewer probes than at a fixed interval,
+    never fewer than the cap allows; a probe that keeps something resets the wait."""
+    from mlx_spec.policy import MAX_PROBE_INTERVAL
+
+    policy = stopped_policy()
+    policy.observe(policy.probe_g, 0, 1.3)  # the probe handed out settles, keeping nothing
+    fixed = 3000 * policy.backoff // policy.probe_every()  # probes at the interval without back-off
+    probes = probes_in(policy, 3000, acceptance=0.0)
+    assert 3000 // (MAX_PROBE_INTERVAL + 1) <= probes < fixed / 2 and policy.backoff > 1
+    probes_in(policy, 2 * MAX_PROBE_INTERVAL, acceptance=1.0)
+    assert policy.backoff == 1
 
 
 def test_policy_respects_the_budget():

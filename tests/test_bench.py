@@ -68,6 +68,20 @@ def test_controlled(tiny_models, tmp_path):
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
     # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
     assert data["sweep"][-1]["tokens_per_cycle"] > 5
+    # Every cycle after the first is built ahead, whatever the acceptance; none waits for the host.
+    for point in data["sweep"]:
+        assert point["prebuilt_share"] == point["adaptive_prebuilt_share"] == 1.0
+        assert point["exposed_host_ms"] == point["adaptive_exposed_host_ms"] == 0.0
+    assert {bar["bar"].split(" ")[0] for bar in data["bars"]} >= {"pre-built", "exposed"}
+
+
+def test_two_revisions_side_by_side(tiny_models, tmp_path):
+    """bench/ab.py: the committed revision and the working tree, each in its own process."""
+    stdout, data = run_script("ab", "--base", "HEAD", "--rounds", "2", "--runs", "0.5:2,0:off", "--max-tokens", "8",
+                              "--prompt-tokens", "16", *tiny_models, tmp_path=tmp_path)
+    assert [(r["acceptance"], r["g"]) for r in data["runs"]] == [(0.5, "2"), (0.0, "off")]
+    for run in data["runs"]:
+        assert len(run["old"]) == len(run["new"]) == 2 and run["ratio"] > 0
 
 
 def test_random_weights_quantized_like_the_default_model():

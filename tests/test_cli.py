@@ -183,7 +183,7 @@ def test_generate_reads_stdin_and_mtp_matches_no_mtp(checkpoints):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--temp", "-1"], "temperature must be >= 0, got -1.0"),
+        (["--temp", "-1"], "temperature must be a finite number >= 0, got -1.0"),
         (["--top-p", "1.5"], r"top_p must be in \(0, 1\], got 1.5"),
         (["--top-k", "-3"], "top_k must be an integer >= 0"),
         (["--draft-tokens", "-2"], "draft_tokens must be between 0 and 16, got -2"),

@@ -190,7 +190,9 @@ def test_reports(engine, prompt):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
+        (dict(top_k=385), "top_k must be at most the vocabulary's 384 tokens"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_k=-1), "top_k must be an integer >= 0"),

@@ -1,12 +1,13 @@
 """`mlx-spec serve`: an OpenAI-compatible server over one Engine, with a prompt cache and a page
 that shows every token's probability.
 
-app.py: the routes; schemas.py: requests and errors; generation.py: what a request does on the
-model's thread; responses.py: OpenAI's response objects; worker.py: the queue in front of the
+app.py: the routes; body.py: reading a request body strictly; schemas.py: requests and errors;
+names.py: the names the model answers to; generation.py: a request's prompt tokens, and what it
+does on the model's thread; responses.py: OpenAI's response objects; worker.py: the queue in front of the
 model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ..options import Options
 from .app import create_app
@@ -16,13 +17,14 @@ __all__ = ["create_app", "serve", "Worker"]
 
 
 def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str = "127.0.0.1", port: int = 8080,
-          api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info") -> None:
+          api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info",
+          served_names: Sequence[str] = ()) -> None:
     """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
     running answers are stopped, the model's thread ends, and the call returns."""
     import uvicorn
 
     worker = Worker(load, int(cache_gb * 1e9))
-    app = create_app(worker, model_id, defaults, api_key)
+    app = create_app(worker, model_id, defaults, api_key, served_names=served_names)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -1,40 +1,51 @@
-"""The routes: OpenAI's chat completions, completions and models, /health, and the page at /.
+"""The routes: OpenAI's chat completions, completions and models, /health, the page at /, and
+the API's description at /openapi.json.
 
-Every failure answers with OpenAI's error object and status. A request is parsed and checked
-here, then queued for the model (`worker.Worker`); the handler waits for its job's first event
-(the prompt processed, or an error still answerable with a status) before it answers.
+Every failure answers with OpenAI's error object and a 4xx status (5xx only for the server's
+own faults). A request is parsed and checked here (body.py): its JSON, its schema, its prompt
+rendered and tokenized on a thread of its own; then it is queued for the model
+(`worker.Worker`), and the handler waits for its job's first event (the prompt processed, or an
+error still answerable with a status) before it answers.
 """
 
 import asyncio
 import json
+import logging
 import secrets
 from importlib import resources
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any, AsyncIterator, Dict, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
+from .. import __version__
 from ..options import Options
 from ..sampling import SettingsError
-from .generation import Done, Started, Token, generation
+from .body import described, invalid, parse
+from .generation import Done, Started, Token, generation, prompt_tokens
+from .names import ModelNames
 from .responses import ChatFormat, CompletionFormat
 from .schemas import APIError, ChatRequest, CompletionRequest
 from .worker import Worker
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+LOG = logging.getLogger("mlx_spec.server")
 STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files, no build step
 
 
 def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Optional[str] = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """defaults: the server's settings for what a request leaves out (the command line's)."""
-    app = FastAPI(title="mlx-spec", docs_url=None, redoc_url=None, openapi_url=None)
+               max_body_bytes: int = MAX_BODY_BYTES, served_names: Sequence[str] = ()) -> FastAPI:
+    """defaults: the server's settings for what a request leaves out (the command line's).
+    served_names: the names clients may ask for (the first is the one answers carry); the
+    model's path or hub id, its last part and the family's short name for its size are
+    accepted too."""
+    app = FastAPI(title="mlx-spec", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.worker = worker
+    names = ModelNames(model_id, served_names, worker.engine)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -49,7 +60,8 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
-        error = APIError(500, f"{type(e).__name__}: {e}", type="server_error")
+        LOG.error("%s %s failed", request.method, request.url.path, exc_info=e)
+        error = APIError(500, "The server failed on this request; its log has the details.", type="server_error")
         return JSONResponse(error.body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
@@ -64,43 +76,60 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     def check_model(name: Optional[str]) -> None:
-        if name is not None and name not in (model_id, model_id.rstrip("/").rsplit("/", 1)[-1]):
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{model_id}`.",
+        if name is not None and name not in names:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{names.id}` "
+                           f"(also called {', '.join(f'`{n}`' for n in names.aliases) or 'nothing else'}).",
                            param="model", code="model_not_found")
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": model_id, **worker.status()}
+    async def tokens_of(prompt, options: Options, tools=None):
+        """The prompt's tokens, on a thread of its own (see `prompt_tokens`)."""
+        try:
+            return await asyncio.to_thread(prompt_tokens, worker.engine, prompt, options, tools)
+        except (SettingsError, TemplateError) as e:  # messages the rules or the template refuse
+            raise APIError(400, str(e), code="invalid_value") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            # The template ran on what the client sent, and failed on it: the request's fault.
+            raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages",
+                           code="invalid_value") from None
 
-    @app.get("/v1/models")
+    @app.get("/health", responses=described(200))
+    async def health():
+        return {"status": "ok", "model": names.id, **worker.status()}
+
+    @app.get("/v1/models", responses=described(200, 401))
     async def models(request: Request):
         check_key(request)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}]}
+        return {"object": "list", "data": [names.card(n) for n in names.listed]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", responses=described(200, 401, 404))
     async def model(name: str, request: Request):
         check_key(request)
         check_model(name)
-        return {"id": model_id, "object": "model", "created": 0, "owned_by": "mlx-spec"}
+        return names.card(name)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=ChatRequest.openapi_body(names.accepted),
+              responses=described(200, 400, 401, 404, 413, 503, streams=True))
     async def chat_completions(request: Request):
         check_key(request)
         req = await parse(request, ChatRequest)
         check_model(req.model)
         top = req.top_logprobs or 0
-        work = generation(req.messages, req.options(defaults), tools=req.active_tools)
-        return await answer(request, worker.submit(work), ChatFormat(model_id, bool(req.logprobs), top, req.x_report),
-                            req.stream, req.include_usage)
+        options = req.options(defaults)
+        tokens = await tokens_of(req.messages, options, req.active_tools)
+        form = ChatFormat(names.id, bool(req.logprobs), top, req.x_report)
+        return await answer(request, worker.submit(generation(tokens, options)), form, req.stream, req.include_usage)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=CompletionRequest.openapi_body(names.accepted),
+              responses=described(200, 400, 401, 404, 413, 503, streams=True))
     async def completions(request: Request):
         check_key(request)
         req = await parse(request, CompletionRequest)
         check_model(req.model)
-        work = generation(req.prompt, req.options(defaults), as_written=True)
-        return await answer(request, worker.submit(work), CompletionFormat(model_id, req.logprobs, req.x_report),
-                             req.stream, req.include_usage)
+        options = req.options(defaults)
+        tokens = await tokens_of(req.prompt, options)
+        form = CompletionFormat(names.id, req.logprobs, req.x_report)
+        return await answer(request, worker.submit(generation(tokens, options, as_written=True)), form,
+                            req.stream, req.include_usage)
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -109,27 +138,6 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
-
-
-async def parse(request: Request, model):
-    body = await request.body()
-    try:
-        data = json.loads(body)
-    except ValueError as e:
-        raise APIError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise invalid(e.errors()) from None
-
-
-def invalid(errors) -> APIError:
-    first = errors[0]
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    message = first.get("msg", "invalid request").removeprefix("Value error, ")
-    return APIError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
 async def watch(request: Request, job) -> None:
@@ -184,8 +192,11 @@ async def sse(job, events: AsyncIterator, form, prompt_tokens: int, include_usag
                 return
         # Ended without an answer: the server is shutting down.
         yield data(APIError(503, "The server is shutting down.", type="server_error").body())
-    except Exception as e:  # after the headers, an error can only be told in the stream
-        yield data(APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error").body())
+    except APIError as e:
+        yield data(e.body())
+    except Exception:  # after the headers, an error can only be told in the stream
+        LOG.exception("a streamed answer failed")
+        yield data(APIError(500, "generation failed; the server's log has the details", type="server_error").body())
     finally:
         job.cancel()
 

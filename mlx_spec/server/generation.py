@@ -1,15 +1,18 @@
 """What a request does on the model's thread: the engine's one request path (`Generation`),
 turned into the events the server answers with.
 
-`generation(...)` returns the job for the worker: a function of (engine, prompt cache) that
-yields `Started` once the prompt has gone through the model (errors come before it, so the
-server can still answer with a status), a `Token` per token the client may see, and `Done`.
+`prompt_tokens(...)` renders and tokenizes a request's prompt, and checks that it fits, before
+the job reaches the model's thread (the route runs it on a thread of its own), so that a long
+prompt holds up no other request. `generation(...)` returns the job for the worker: a function
+of (engine, prompt cache) that yields `Started` once the prompt has gone through the model
+(errors come before it, so the server can still answer with a status), a `Token` per token the
+client may see, and `Done`.
 """
 
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
-from ..generation import ContextError, Generation
+from ..generation import ContextError, Generation, tokens_to_generate
 from ..options import Options
 from ..reports import TokenReport
 from .schemas import APIError
@@ -34,6 +37,24 @@ class Done:
     text: str  # what the client was sent: up to a stop string, which is left out
 
 
+def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[dict]] = None) -> List[int]:
+    """The prompt's token ids, once it is known to fit the context. A text too long to fit by
+    its length alone (more characters than the context's tokens could stand for, with a margin
+    of two for normalisation) is refused before it is tokenized, which for megabytes of text
+    takes seconds; this bound never refuses a prompt that fits."""
+    text = engine.render(prompt, tools, options.thinking)
+    if text is not None:
+        least = len(text) // (2 * engine.longest_token_chars)
+        if least >= engine.context_length:
+            raise context_exceeded(ContextError(least, options.max_tokens, engine.context_length), at_least=True)
+    tokens = engine.encode(prompt, tools, options.thinking)
+    try:
+        tokens_to_generate(len(tokens), options, engine.context_length)
+    except ContextError as e:
+        raise context_exceeded(e) from None
+    return tokens
+
+
 def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None, as_written: bool = False):
     """The job for one request (see the module docstring). as_written: the text is the model's
     own (channel markers and labels kept, every channel), as a raw completion returns it."""
@@ -52,12 +73,14 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
     return work
 
 
-def context_exceeded(e: ContextError) -> APIError:
-    """OpenAI's own words and code for a request that does not fit the context."""
+def context_exceeded(e: ContextError, at_least: bool = False) -> APIError:
+    """OpenAI's own words and code for a request that does not fit the context (`at_least`: the
+    prompt was measured by its length, not tokenized)."""
+    over = "at least " if at_least else ""
     return APIError(
         400,
         f"This model's maximum context length is {e.context} tokens. However, you requested "
-        f"{e.prompt_tokens + e.requested} tokens ({e.prompt_tokens} in the messages, "
+        f"{over}{e.prompt_tokens + e.requested} tokens ({over}{e.prompt_tokens} in the messages, "
         f"{e.requested} in the completion). Please reduce the length of the messages or completion.",
         param="messages", code="context_length_exceeded",
     )

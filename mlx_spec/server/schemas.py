@@ -65,6 +65,15 @@ class _Request(BaseModel):
             raise ValueError("logit_bias is not supported (decoding stays exact)")
         return self
 
+    @classmethod
+    def openapi_body(cls, models: List[str]) -> Dict[str, Any]:
+        """The route's request body for the API description (the routes read the body
+        themselves, to answer every malformed one with OpenAI's error object). `model` lists
+        the names served: any other is a 404."""
+        schema = cls.model_json_schema()
+        schema["properties"]["model"] = {"anyOf": [{"enum": list(models)}, {"type": "null"}], "default": None}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
     @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -99,6 +108,11 @@ class ChatRequest(_Request):
     @classmethod
     def _messages(cls, messages):
         return [_message(m, i) for i, m in enumerate(messages)]
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools):
+        return None if tools is None else [_tool(t, i) for i, t in enumerate(tools)]
 
     @model_validator(mode="after")
     def _chat_supported(self):
@@ -202,6 +216,48 @@ def _tool_call(call: Any, index: int) -> Dict[str, Any]:
     if not isinstance(arguments, dict):
         raise ValueError(f"messages[{index}].tool_calls: arguments must be a JSON object")
     return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
+    """A tool as the template reads it: a function with a name, and parameters that are a JSON
+    schema object (see `_schema`)."""
+    where = f"tools[{index}]"
+    if tool.get("type", "function") != "function":
+        raise ValueError(f"{where}.type must be \"function\"")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise ValueError(f"{where}.function must be an object with a name")
+    if not isinstance(function.get("name"), str) or not function["name"].strip():
+        raise ValueError(f"{where}.function.name must be a non-empty string")
+    if "description" in function and not isinstance(function["description"], (str, type(None))):
+        raise ValueError(f"{where}.function.description must be a string")
+    if function.get("parameters") is not None:
+        _schema(function["parameters"], f"{where}.function.parameters")
+    return tool
+
+
+def _schema(schema: Any, where: str) -> None:
+    """A JSON schema as Google's template walks it: an object whose `properties` map names to
+    schemas, whose `items` is a schema, `required` a list of names and `type` a string (or a
+    list of them)."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where} must be a JSON schema object")
+    properties = schema.get("properties")
+    if properties is not None:
+        if not isinstance(properties, dict):
+            raise ValueError(f"{where}.properties must map parameter names to schemas")
+        for name, value in properties.items():
+            _schema(value, f"{where}.properties.{name}")
+    if schema.get("items") is not None:
+        _schema(schema["items"], f"{where}.items")
+    required = schema.get("required")
+    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+        raise ValueError(f"{where}.required must be a list of parameter names")
+    kind = schema.get("type")
+    if kind is not None and not (isinstance(kind, str) or isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
+        raise ValueError(f"{where}.type must be a string")
+    if schema.get("enum") is not None and not isinstance(schema["enum"], list):
+        raise ValueError(f"{where}.enum must be a list")
 
 
 def _json_or_text(content: str) -> Any:

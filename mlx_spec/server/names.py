@@ -1,0 +1,32 @@
+"""The names a served model answers to.
+
+vLLM's convention: the model's id is the path or hub id it was loaded from, or the names given
+with `--served-model-name` (the first is the id answers carry, the others aliases). Agents are
+often configured with a short name, so the family's name for the served size (`e2b`, `e4b`,
+...) is accepted too, and so is the last part of the path (`gemma-4-e2b-it-4bit`).
+"""
+
+from typing import Dict, List, Optional, Sequence
+
+from ..family import by_target, for_config
+
+
+class ModelNames:
+    def __init__(self, model_id: str, served: Sequence[str] = (), engine=None):
+        served = [n for n in dict.fromkeys(served) if n]
+        self.id = served[0] if served else model_id
+        self.listed: List[str] = served or [model_id]
+        size = by_target(model_id) or (for_config(vars(engine.target.args)) if engine is not None else None)
+        others = [model_id, model_id.rstrip("/").rsplit("/", 1)[-1], size.name if size else None]
+        self.accepted: List[str] = list(dict.fromkeys([*self.listed, *(n for n in others if n)]))
+
+    def __contains__(self, name: Optional[str]) -> bool:
+        return name in self.accepted
+
+    @property
+    def aliases(self) -> List[str]:
+        return [n for n in self.accepted if n != self.id]
+
+    @staticmethod
+    def card(name: str) -> Dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "mlx-spec"}
