@@ -34,8 +34,11 @@ class Start:
     hidden: Optional[mx.array]  # [1, 1, H]; None before the first target pass
     length: int  # settled tokens on the host
     generated: int  # of them, generated in this answer: the output index of the cycle's first token
-    ahead: Optional[mx.array] = None  # tokens settled beyond `length`, on the device
-    most: int = 0  # the most `ahead` can be
+    # Tokens the running cycle settles beyond `length`: a device array (at most `most`), or 1
+    # when it has no guesses (the host knows that much: see `after`).
+    ahead: Union[None, int, mx.array] = None
+    most: int = 0
+    built_ahead: bool = False  # built before the cycle it follows had synced
 
     @classmethod
     def settled(cls, state: SequenceState) -> "Start":
@@ -45,16 +48,29 @@ class Start:
     @classmethod
     def after(cls, state: SequenceState, running: "Cycle") -> "Start":
         """After `running` settles, whatever it keeps: its kept guesses and the token after
-        them. (The state must hold the tokens settled before `running`.)"""
+        them. (The state must hold the tokens settled before `running`.) A cycle without
+        guesses settles exactly one token: the host knows where the next one starts, and its
+        graph needs none of the device-side arithmetic (a few primitives fewer per cycle, which
+        on MLX's CPU backend is measurable in MTP off's speed)."""
+        length, generated = len(state.tokens), state.generated
+        if running.g == 0:
+            return cls(running.tokens[None, :1], running.hidden, length, generated, 1, 1, built_ahead=True)
         kept = running.kept.reshape(1)
         last = mx.take(running.tokens, kept).reshape(1, 1)
         hidden = mx.take(running.hidden, kept, axis=1)
-        return cls(last, hidden, len(state.tokens), state.generated, kept[0] + 1, running.g + 1)
+        return cls(last, hidden, length, generated, kept[0] + 1, running.g + 1, built_ahead=True)
 
     @property
     def offset(self) -> Optional[mx.array]:
-        """Where the cycle's target pass writes, on the device (None: at the caches' offset)."""
-        return None if self.ahead is None else self.ahead + (self.length - 1)
+        """Where the cycle's target pass writes, on the device (None: at the caches' offset,
+        which the host knows when the running cycle has no guesses)."""
+        return self.ahead + (self.length - 1) if isinstance(self.ahead, mx.array) else None
+
+    def uniforms(self, stream, first: int, n: int) -> mx.array:
+        """The uniforms of the cycle's output positions first .. first + n - 1 (see sampling.py)."""
+        if isinstance(self.ahead, mx.array):
+            return stream.take(self.generated + first, n, self.ahead, self.most)
+        return stream.take(self.generated + (self.ahead or 0) + first, n)
 
 
 @dataclass
@@ -80,7 +96,7 @@ class Cycle:
 
     @property
     def built_ahead(self) -> bool:
-        return self.start.ahead is not None
+        return self.start.built_ahead
 
     @property
     def stages_left(self) -> bool:
@@ -124,8 +140,8 @@ class CycleBuilder:
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target.forward(inputs, state.cache, start.offset)
 
-        def uniforms(stream, first, n):  # the uniforms of output positions first.. (see sampling.py)
-            return self.uniforms[stream].take(start.generated + first, n, start.ahead, start.most)
+        def uniforms(stream, first, n):
+            return start.uniforms(self.uniforms[stream], first, n)
 
         if draft.q is None:
             kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms("target", 0, g + 1))
@@ -148,7 +164,7 @@ class CycleBuilder:
             hidden=start.hidden,
             kv=self.target.drafter_buffers(state.cache, start.offset),
             settings=self.settings,
-            uniforms=self.uniforms["draft"].take(start.generated, g, start.ahead, start.most),
+            uniforms=start.uniforms(self.uniforms["draft"], 0, g),
             ahead=start.ahead,
         )
         draft = yield from drafter.draft_steps(context, g)

@@ -13,7 +13,7 @@ as deterministic, and guesses are kept while they match the target's own draw. B
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import mlx.core as mx
 
@@ -32,9 +32,10 @@ class DraftContext:
     settings: SamplingSettings
     uniforms: mx.array  # [g, 2], for drafters that sample (see sampling.inverse_cdf)
     # For a cycle drafted ahead of the host: how many tokens the running cycle settles after
-    # `tokens`, a device array. Only drafters that declare `drafts_ahead` see it set; they read
-    # the position as `device_position`, and the K/V ranges are device arrays too.
-    ahead: Optional[mx.array] = None
+    # `tokens` (a device array; 1 after a cycle without guesses). Only drafters that declare
+    # `drafts_ahead` see it set; they read the position as `device_position`, and the K/V
+    # ranges may be device arrays too.
+    ahead: Union[None, int, mx.array] = None
     # The sequence's n-gram index (see ngrams.py), for drafters that copy; a fresh one for a
     # context made by hand.
     ngrams: NgramIndex = field(default_factory=NgramIndex)
@@ -54,8 +55,8 @@ class DraftContext:
     @property
     def device_position(self) -> mx.array:
         """Position of the last settled token as an int32 array (lazy when drafted ahead)."""
-        if self.ahead is None:
-            return mx.array(len(self.tokens) - 1, mx.int32)
+        if not isinstance(self.ahead, mx.array):
+            return mx.array(len(self.tokens) - 1 + (self.ahead or 0), mx.int32)
         return (self.ahead + (len(self.tokens) - 1)).astype(mx.int32)
 
 
