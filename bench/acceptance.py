@@ -4,7 +4,7 @@ default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same pro
 The loop efficiency of the g = 6 run: its cycles' device time, each measured alone, over its
 wall time (1.0: the device never waited for the host).
 
-    python bench/acceptance.py --model e4b   # any size by name (e2b, e4b, 26b-a4b, 31b) with its assistant
+    python bench/acceptance.py --model e4b   # any size by name (e2b, e4b, 26b-a4b, 31b, 12b) with its assistant
     python bench/acceptance.py --model mlx-community/gemma-4-e2b-it-4bit \
         --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
     python bench/acceptance.py --random-weights --shape small   # runs anywhere; acceptance ~0

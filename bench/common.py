@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: the machine, the models, timing, and the output.
 
 Models come from real checkpoints (`--model`, `--drafter`), or are built with random weights:
-`--random-weights` gives the real E2B target and drafter shapes (`--shape e4b|26b-a4b|31b`: those
+`--random-weights` gives the real E2B target and drafter shapes (`--shape e4b|26b-a4b|31b|12b`: those
 sizes' shapes from their published configs), quantized like the 4-bit conversions, built layer by
 layer so memory stays near the final size; `--shape small` gives a scaled-down Gemma 4 of the
 same structure for machines where MLX runs on the CPU.
@@ -68,14 +68,14 @@ def family_shape(name: str):
     return dict(size.text, rope_parameters=ROPE), dict(E2B_ASSISTANT, **drafter), ordered
 
 
-SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "small"]
+SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
 # Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
 APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
 
 
 def arguments(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", help="target: e2b|e4b|26b-a4b|31b (4-bit MLX), hub id or folder")
+    parser.add_argument("--model", help="target: e2b|e4b|26b-a4b|31b|12b (4-bit MLX), hub id or folder")
     parser.add_argument("--drafter", default=AUTO, help="drafter: auto (the target's assistant), size name, hub id or folder")
     parser.add_argument("--random-weights", action="store_true", help="a real shape, random weights, 4-bit")
     parser.add_argument("--shape", choices=SHAPES, default="e2b", help="shape for --random-weights")

@@ -4,7 +4,7 @@ position, at several context lengths; and what g drafter steps cost (C_g).
     python bench/positions.py --model mlx-community/gemma-4-e2b-it-4bit \
         --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
     python bench/positions.py --random-weights              # E2B shapes, no download
-    python bench/positions.py --random-weights --shape 31b  # or e4b, 26b-a4b: each size's shapes
+    python bench/positions.py --random-weights --shape 31b  # or e4b, 26b-a4b, 12b: each size's shapes
     python bench/positions.py --random-weights --shape small  # for MLX on a CPU
 """
 

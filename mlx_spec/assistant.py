@@ -1,4 +1,5 @@
-"""The Gemma 4 MTP assistant (``model_type: gemma4_assistant``) in MLX.
+"""The Gemma 4 MTP assistant (``model_type: gemma4_assistant``, and the 12B's
+``gemma4_unified_assistant``, the same network) in MLX.
 
 One draft step reads the target's scaled embedding of the last token and a 1536-wide hidden
 state, projects them to the drafter's width, runs four decoder layers whose attention has
@@ -18,6 +19,10 @@ import mlx.nn as nn
 from mlx_lm.models.gemma4_text import DecoderLayer, ModelArgs
 
 from .gemma4 import SLIDING
+
+
+# transformers' default target width per assistant type, for a config that leaves it out.
+DEFAULT_BACKBONE = {"gemma4_assistant": 1536, "gemma4_unified_assistant": 3840}
 
 
 @dataclass
@@ -40,7 +45,7 @@ class AssistantConfig:
         generation_config = generation_config or {}
         return cls(
             text=ModelArgs.from_dict(text),
-            backbone_hidden_size=config.get("backbone_hidden_size", 1536),
+            backbone_hidden_size=config.get("backbone_hidden_size", DEFAULT_BACKBONE.get(config.get("model_type"), 1536)),
             use_ordered_embeddings=config.get("use_ordered_embeddings", False),
             num_centroids=config.get("num_centroids", 2048),
             centroid_intermediate_top_k=config.get("centroid_intermediate_top_k", 32),

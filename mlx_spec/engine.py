@@ -230,7 +230,7 @@ def load(
 ) -> Engine:
     """Load the Gemma 4 target and (unless `drafter` is None) its MTP assistant.
 
-    `model`: a size by name (e2b, e4b, 26b-a4b, 31b: the 4-bit MLX conversion), a hub repo id or
+    `model`: a size by name (e2b, e4b, 26b-a4b, 31b, 12b: the 4-bit MLX conversion), a hub repo id or
     a local folder. `drafter`: "auto" (the assistant of the target's size), a size by name, a hub
     id or a folder. `drafter_bits` (4 or 8) and `drafter_mode` (affine, mxfp4, mxfp8, nvfp4)
     quantize the drafter after loading. Before anything is downloaded, the memory the pair needs

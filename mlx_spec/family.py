@@ -1,4 +1,4 @@
-"""The Gemma 4 family by name: which checkpoints `e2b`, `e4b`, `26b-a4b` and `31b` mean.
+"""The Gemma 4 family by name: which checkpoints `e2b`, `e4b`, `26b-a4b`, `31b` and `12b` mean.
 
 A name picks the 4-bit MLX conversion of the instruction-tuned target and the matching MTP
 assistant. Everything the code does with a model still comes from its config; the text configs
@@ -67,6 +67,19 @@ FAMILY: Dict[str, Size] = {
                  attention_k_eq_v=True, enable_moe_block=False),
             dict(backbone_hidden_size=5376, use_ordered_embeddings=False, hidden_size=1024, intermediate_size=8192,
                  num_attention_heads=32, num_key_value_heads=16, num_global_key_value_heads=4,
+                 attention_k_eq_v=True, sliding_window=1024),
+        ),
+        # The 12B (model type gemma4_unified): the same text network without per-layer embeddings,
+        # its media entering through encoder-free embedders (no towers).
+        Size(
+            "12b", "mlx-community/gemma-4-12B-it-4bit", "mlx-community/gemma-4-12B-it-assistant-bf16",
+            dict(_COMMON, hidden_size=3840, num_hidden_layers=48, layer_types=_layers(6, 48),
+                 intermediate_size=15360, num_attention_heads=16, num_key_value_heads=8,
+                 num_global_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+                 sliding_window=1024, use_double_wide_mlp=False, attention_k_eq_v=True, enable_moe_block=False,
+                 max_position_embeddings=262144),
+            dict(backbone_hidden_size=3840, use_ordered_embeddings=False, hidden_size=1024, intermediate_size=8192,
+                 num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=1,
                  attention_k_eq_v=True, sliding_window=1024),
         ),
     ]

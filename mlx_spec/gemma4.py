@@ -17,15 +17,33 @@ MAX_DRAFT_TOKENS = 16
 # is queued, each up to g + 1 positions: a caller leaving then takes all three back.
 TRIM_ALLOWANCE = 3 * (MAX_DRAFT_TOKENS + 1)
 
+# The text models' types: the four first sizes' (`gemma4_text`) and the 12B's, whose text model is
+# the same network without per-layer embeddings or experts (transformers' modular file says so).
+TEXT_TYPES = ("gemma4_text", "gemma4_unified_text")
+# The text type inside each multimodal wrapper, for a text_config that does not say.
+TEXT_TYPE_OF = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text",
+                "gemma4_assistant": "gemma4_text", "gemma4_unified_assistant": "gemma4_unified_text"}
+
 # transformers' defaults for the keys where mlx-lm's ModelArgs defaults differ (mlx-lm assumes
-# E2B): a config that leaves them out means what transformers makes of it.
+# E2B): a config that leaves them out means what transformers makes of it. Per text type: the
+# 12B's class has a longer window and context, and no per-layer embedding or expert keys at all
+# (its configs never write them, and mlx-lm would otherwise build E2B's per-layer embeddings).
 TRANSFORMERS_TEXT_DEFAULTS = {
-    "num_kv_shared_layers": 0,
-    "use_double_wide_mlp": False,
-    "final_logit_softcapping": None,
-    "attention_k_eq_v": False,
-    "enable_moe_block": False,
+    "gemma4_text": {
+        "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": False,
+        "final_logit_softcapping": None,
+        "attention_k_eq_v": False,
+        "enable_moe_block": False,
+    },
 }
+TRANSFORMERS_TEXT_DEFAULTS["gemma4_unified_text"] = dict(
+    TRANSFORMERS_TEXT_DEFAULTS["gemma4_text"], sliding_window=1024, max_position_embeddings=262144,
+    use_bidirectional_attention="vision",
+)
+# What the 12B's text model never has, whatever its config says: transformers builds no
+# per-layer embeddings and no experts for it.
+UNIFIED_TEXT_FIXED = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "enable_moe_block": False}
 
 
 def as_mapping(config) -> Mapping[str, Any]:
@@ -40,8 +58,14 @@ def layer_pattern(period: int, count: int) -> List[str]:
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's config: the whole config for gemma4_text, else its text_config."""
-    return config if config.get("model_type") == "gemma4_text" else config.get("text_config", config)
+    """The language model's config: the whole config for a text model, else its text_config
+    (with the text type its wrapper implies when it does not name one)."""
+    if config.get("model_type") in TEXT_TYPES:
+        return config
+    text = config.get("text_config", config)
+    if isinstance(text, Mapping) and "model_type" not in text and config.get("model_type") in TEXT_TYPE_OF:
+        text = dict(text, model_type=TEXT_TYPE_OF[config["model_type"]])
+    return text
 
 
 def normalize_text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
@@ -50,8 +74,11 @@ def normalize_text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
     `num_global_key_value_heads`; fill those in from the full layers. Keys a config leaves out get
     transformers' defaults, not mlx-lm's."""
     text = dict(text)
-    for key, value in TRANSFORMERS_TEXT_DEFAULTS.items():
+    defaults = TRANSFORMERS_TEXT_DEFAULTS.get(text.get("model_type"), TRANSFORMERS_TEXT_DEFAULTS["gemma4_text"])
+    for key, value in defaults.items():
         text.setdefault(key, value)
+    if text.get("model_type") == "gemma4_unified_text":
+        text.update(UNIFIED_TEXT_FIXED)
     per_layer = text.get("per_layer_config") or {}
     layer_types = text.get("layer_types") or []
     renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}

@@ -16,15 +16,17 @@ import mlx.nn as nn
 
 from .assistant import Assistant, AssistantConfig
 from .family import FAMILY, by_name, by_target, for_config
-from .gemma4 import head_dims, kv_heads, normalize_text_config, text_config
+from .gemma4 import TEXT_TYPES, head_dims, kv_heads, normalize_text_config, text_config
 from .target import Target
 
 DEFAULT_TARGET = FAMILY["e2b"].target
 DEFAULT_DRAFTER = FAMILY["e2b"].drafter
 AUTO = "auto"  # the drafter: the assistant of the target's size
 
-TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified")
-DRAFTER_TYPES = ("gemma4_assistant",)
+# The multimodal wrappers as google ships them and their text models alone; the 12B
+# (`gemma4_unified*`) has the same text network and assistant as the other sizes.
+TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+DRAFTER_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
 ALLOW_PATTERNS = [
     "config.json",
     "generation_config.json",
@@ -143,16 +145,28 @@ def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
     ckpt = read_checkpoint(path, "target")
     _check_type(ckpt, "target", TARGET_TYPES)
     text = normalize_text_config(text_config(ckpt.config))
-    if ckpt.config["model_type"] == "gemma4_text":
+    if text.get("use_bidirectional_attention") == "all":
+        raise LoadError(f"target {path}: use_bidirectional_attention is \"all\" (every token attends both "
+                        "ways): not a causal language model, nothing to decode with")
+    if ckpt.config["model_type"] in TEXT_TYPES:
         overrides = text
     else:
         # mlx-lm's wrapper copies its own top-level vocab_size (default 262144) into the text config.
         overrides = {"text_config": text, "vocab_size": text.get("vocab_size", 262144)}
     try:
-        model, _ = load_model(path, model_config=overrides)
+        model, _ = load_model(path, model_config=overrides, get_model_classes=_target_classes)
     except (ValueError, RuntimeError) as e:
         raise _mlx_error("target", path, e) from None
     return Target(model), ckpt
+
+
+def _target_classes(config: dict):
+    """mlx-lm's Gemma 4 classes for every target type: its text model for a text checkpoint, its
+    multimodal wrapper (which drops the media weights) for google's and the MLX conversions'."""
+    from mlx_lm.models import gemma4, gemma4_text
+
+    module = gemma4_text if config["model_type"] in TEXT_TYPES else gemma4
+    return module.Model, module.ModelArgs
 
 
 def load_drafter(
@@ -177,7 +191,7 @@ def load_drafter(
         def from_dict(config: dict) -> AssistantConfig:
             return AssistantConfig.from_dict(config, ckpt.generation_config)
 
-    overrides = {"text_config": normalize_text_config(ckpt.config["text_config"])}
+    overrides = {"text_config": normalize_text_config(text_config(ckpt.config))}
     try:
         assistant, _ = load_model(path, model_config=overrides, get_model_classes=lambda config: (Assistant, Config))
     except (ValueError, RuntimeError, KeyError) as e:

@@ -160,9 +160,9 @@ def test_overhead(tiny_models, tmp_path):
     assert "pipelined tok/s" in stdout
 
 
-@pytest.mark.parametrize("name", ["e4b", "26b-a4b", "31b"])
+@pytest.mark.parametrize("name", ["e4b", "26b-a4b", "31b", "12b"])
 def test_random_weights_of_each_size_at_small_width(name):
-    """--shape e4b|26b-a4b|31b: each size's published structure (layer pattern and count, K/V
+    """--shape e4b|26b-a4b|31b|12b: each size's published structure (layer pattern and count, K/V
     sharing, experts, keys equal to values, the assistant's head) with random 4-bit weights. The
     real widths take minutes and gigabytes; here the same builder runs at small widths and the
     pair runs (4-bit matmuls are slow on MLX's CPU backend: a few tokens only; test_family checks

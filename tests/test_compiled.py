@@ -184,9 +184,10 @@ def test_compiled_target_pass_equals_plain(checkpoints, dtype):
     assert passes > 150 and full and full[0].keys.shape[2] > 512  # the full cache grew
 
 
-@pytest.mark.parametrize("variant", ["e4b", "26b-a4b", "31b"])
+@pytest.mark.parametrize("variant", ["e4b", "26b-a4b", "31b", "12b", "12b-kv-shared"])
 def test_compiled_target_pass_equals_plain_for_every_size(family, variant):
-    """Mixture of experts, keys equal to values, no K/V sharing: the same as the plain pass."""
+    """Mixture of experts, keys equal to values, no K/V sharing, the 12B's classes: the same as the
+    plain pass."""
     target, _ = load_target(str(family(variant)["target"]))
     for (plain_logits, plain_hidden), (logits, hidden), _ in walk(target, seed=1, length=120):
         assert mx.array_equal(plain_logits, logits) and mx.array_equal(plain_hidden, hidden)

@@ -2,7 +2,9 @@
 
 Tiny checkpoints with the structure of E4B (K/V sharing, 5:1 layers, 2 K/V heads), 26B-A4B
 (mixture of experts, keys equal to values on full layers, no K/V sharing, no per-layer
-embeddings) and 31B (the same attention, dense), each with its assistant. Which target layers the
+embeddings), 31B (the same attention, dense) and 12B (transformers' gemma4_unified classes: as
+31B with a 5:1 pattern, and with K/V sharing and double-wide MLPs, which its config may ask for),
+each with its assistant. Which target layers the
 assistant reads is checked against transformers' own choice for the config (the layers it marks
 "store"), never against the size's name."""
 
@@ -18,7 +20,7 @@ from mlx_spec.loading import load_drafter, load_target
 from mlx_spec.gemma4 import FULL, SLIDING
 from mlx_spec.target import prefill
 
-VARIANTS = ["e4b", "26b-a4b", "31b"]
+VARIANTS = ["e4b", "26b-a4b", "31b", "12b", "12b-kv-shared"]
 # float32 over wider layers than test_parity's; a wrong formula is off by 1e-2 or more.
 TOL = 3e-4
 PROMPT_LEN = 3 * tiny.WINDOW + 5
@@ -31,26 +33,40 @@ def random_ids(n, seed=0):
 
 
 def reference(folder):
-    from transformers import Gemma4ForCausalLM
+    """transformers' model of the folder's type (Gemma4ForCausalLM, Gemma4UnifiedForCausalLM)."""
+    from transformers import AutoModelForCausalLM
 
-    return Gemma4ForCausalLM.from_pretrained(folder).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(model).__name__ in ("Gemma4ForCausalLM", "Gemma4UnifiedForCausalLM")
+    return model
+
+
+def reference_assistant(folder):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(model).__name__ in ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
+    return model
 
 
 @pytest.mark.parametrize("variant", ["e2b"] + VARIANTS)
 def test_drafter_source_layers_are_the_ones_transformers_stores(family, variant):
-    from transformers import Gemma4TextConfig
+    from transformers import AutoConfig
 
     folder = family(variant)["target"]
-    config = Gemma4TextConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder)
     stored = {config.layer_types[i]: i for i, mode in enumerate(config.kv_sharing_modes) if mode == "store"}
     target, _ = load_target(str(folder))
     assert target.kv_layers == stored
     # The structure each variant stands for, read back from the loaded model.
     args = target.args
-    shared = {"e2b": 4, "e4b": 4, "26b-a4b": 0, "31b": 0}[variant]
+    shared = {"e2b": 4, "e4b": 4, "26b-a4b": 0, "31b": 0, "12b": 0, "12b-kv-shared": 4}[variant]
     assert args.num_kv_shared_layers == shared
     assert args.enable_moe_block == (variant == "26b-a4b")
-    assert args.attention_k_eq_v == (variant in ("26b-a4b", "31b"))
+    assert args.attention_k_eq_v == (variant in ("26b-a4b", "31b", "12b"))
+    assert args.use_double_wide_mlp == (variant in ("e2b", "12b-kv-shared"))
+    # The 12B has no per-layer embeddings: its configs never write the keys (mlx-lm's default is E2B's).
+    assert (args.hidden_size_per_layer_input == 0) == (variant in ("26b-a4b", "31b", "12b", "12b-kv-shared"))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -98,12 +114,10 @@ def test_drafter_reads_the_kv_transformers_gives_it(family, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_drafter_matches_transformers_over_several_steps(family, variant):
-    from transformers import Gemma4AssistantForCausalLM
-
     folders = family(variant)
     ids = random_ids(3 * tiny.WINDOW + 3, seed=7)
     ref_target, ref_hidden, ref_kv = reference_state(folders["target"], ids[:, :-1])
-    ref_drafter = Gemma4AssistantForCausalLM.from_pretrained(folders["assistant"]).eval()
+    ref_drafter = reference_assistant(folders["assistant"])
     drafter, _ = load_drafter(str(folders["assistant"]))
     kv = {k: (mx.array(v[0].numpy()), mx.array(v[1].numpy())) for k, v in ref_kv.items()}
     kv[SLIDING] = tuple(x[..., -(tiny.WINDOW + 1) :, :] for x in kv[SLIDING])
@@ -151,7 +165,8 @@ def test_greedy_mtp_on_equals_off_equals_transformers(family, variant):
     mtp = engine.generate(prompt, max_tokens=GENERATE, lookup=False)
     assert mtp.tokens == expected
     assert mtp.stats.drafted > 0
-    assert engine.generate(prompt, max_tokens=GENERATE, draft_tokens=3).tokens == expected
+    for g in (1, 3, 6):
+        assert engine.generate(prompt, max_tokens=GENERATE, draft_tokens=g, lookup=False).tokens == expected, g
 
 
 def test_same_seed_same_tokens_with_and_without_mtp_31b(family):
@@ -208,3 +223,82 @@ def test_google_layout_loads_to_the_same_model(family, variant, tmp_path):
     a, _ = load_target(str(family(variant)["target"]))
     b, _ = load_target(str(google))
     assert np.array_equal(np.array(a(ids, a.make_cache())[0]), np.array(b(ids, b.make_cache())[0]))
+
+
+@pytest.mark.parametrize("variant", ["12b", "12b-kv-shared"])
+def test_12b_google_layout_matches_transformers_multimodal_model_on_text(family, variant, tmp_path):
+    """Google ships the 12B as Gemma4UnifiedForConditionalGeneration: its text weights under
+    model.language_model and the encoder-free embedders (model.vision_embedder, model.embed_vision,
+    model.embed_audio) beside them. Loaded from that layout, our target gives transformers'
+    multimodal model's own logits on a text prompt past the window (the config's
+    `use_bidirectional_attention: "vision"` leaves text causal there too)."""
+    from transformers import Gemma4UnifiedForConditionalGeneration
+
+    google = tiny.build_target(tmp_path / "google", layout="google", variant=variant, tokenizer=False)
+    ids = random_ids(2 * tiny.WINDOW + 7, seed=4)
+    reference_model = Gemma4UnifiedForConditionalGeneration.from_pretrained(google).eval()
+    assert reference_model.config.text_config.use_bidirectional_attention == "vision"
+    with torch.no_grad():
+        expected = reference_model(input_ids=torch.tensor(ids)).logits.numpy()[0]
+    target, _ = load_target(str(google))
+    cache = target.make_cache()
+    logits = [np.array(target(mx.array(ids[:, lo:hi]), cache)[0])[0]
+              for lo, hi in [(0, 9), (9, 2 * tiny.WINDOW)] + [(i, i + 1) for i in range(2 * tiny.WINDOW, ids.shape[1])]]
+    assert np.abs(np.concatenate(logits) - expected).max() <= TOL
+
+
+def test_same_seed_same_tokens_with_and_without_mtp_12b(family):
+    """A seed gives the same tokens with and without MTP on the 12B's classes with K/V sharing
+    and double-wide MLPs."""
+    engine = family_engine(family("12b-kv-shared"))
+    prompt = random_ids(2 * tiny.WINDOW + 5, seed=3)[0].tolist()
+    settings = dict(temperature=1.0, top_k=64, top_p=0.95, seed=11)
+    off = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, mtp=False, **settings)
+    on = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, lookup=False, **settings)
+    assert on.tokens == off.tokens
+    assert on.stats.drafted > 0
+
+
+@pytest.mark.parametrize("variant", ["12b", "12b-kv-shared"])
+def test_12b_sampled_tokens_follow_the_target_s_distribution(family, variant):
+    """1,000 seeded generations with the 12B's assistant drawing its guesses from its own
+    distribution (the min(1, p/q) rule): the first and second tokens follow the target's exact
+    distributions (chi-square, as test_sampling's end-to-end test for E2B)."""
+    from test_sampling import ALPHA, SETTINGS, chi_square_p, exact_first_two, first_tokens
+
+    from mlx_spec.drafting import MTPDrafter
+    from mlx_spec.sampling import SamplingSettings
+
+    engine = family_engine(family(variant))
+    prompt = random_ids(3 * tiny.WINDOW, seed=1)[0].tolist()
+    p0, p1 = exact_first_two(engine, prompt, SamplingSettings(**SETTINGS[1]))
+    drafter = MTPDrafter(engine.assistant, engine.target, sample=True)
+    tokens = first_tokens(engine, prompt, SETTINGS[1], drafter, 1_000)
+    assert chi_square_p(np.bincount(tokens[:, 0], minlength=tiny.VOCAB), p0) > ALPHA
+    assert chi_square_p(np.bincount(tokens[:, 1], minlength=tiny.VOCAB), p1) > ALPHA
+
+
+def test_a_12b_target_with_another_size_s_assistant_is_refused(family):
+    from mlx_spec import LoadError
+
+    with pytest.raises(LoadError, match=r"does not match the target"):
+        load(str(family("12b")["target"]), str(family("e2b")["assistant"]))
+    with pytest.raises(LoadError, match=r"does not match the target"):
+        load(str(family("e4b")["target"]), str(family("12b")["assistant"]))
+
+
+def test_a_bidirectional_text_model_is_refused(family, tmp_path):
+    """`use_bidirectional_attention: "all"` makes every token attend both ways: no causal model
+    to decode, and a clear error rather than wrong tokens."""
+    import json
+    import shutil
+
+    from mlx_spec import LoadError
+
+    folder = tmp_path / "all"
+    shutil.copytree(family("12b")["target"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["use_bidirectional_attention"] = "all"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match=r"use_bidirectional_attention is \"all\".*not a causal language model"):
+        load_target(str(folder))

@@ -236,6 +236,7 @@ def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monk
 
     assert resolve_names("e4b", AUTO) == ("mlx-community/gemma-4-e4b-it-4bit", "mlx-community/gemma-4-E4B-it-assistant-bf16")
     assert resolve_names("31B", AUTO) == (FAMILY["31b"].target, FAMILY["31b"].drafter)
+    assert resolve_names("12b", AUTO) == ("mlx-community/gemma-4-12B-it-4bit", "mlx-community/gemma-4-12B-it-assistant-bf16")
     # A full id of a known conversion finds its assistant too; a drafter given by name is that size's.
     assert resolve_names(FAMILY["26b-a4b"].target, AUTO) == (FAMILY["26b-a4b"].target, FAMILY["26b-a4b"].drafter)
     assert resolve_names("e4b", "e2b") == (FAMILY["e4b"].target, FAMILY["e2b"].drafter)
@@ -247,7 +248,7 @@ def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monk
     assert resolve_names("e4b", AUTO) == ("e4b", AUTO)
 
 
-@pytest.mark.parametrize("name", ["e2b", "e4b", "26b-a4b", "31b"])
+@pytest.mark.parametrize("name", ["e2b", "e4b", "26b-a4b", "31b", "12b"])
 def test_auto_drafter_of_a_folder_follows_its_config(name):
     """A target folder (a conversion or fine-tune) gets the assistant of the size it has the
     structure of, read from its config, whatever the folder is called."""
@@ -255,7 +256,8 @@ def test_auto_drafter_of_a_folder_follows_its_config(name):
     from mlx_spec.loading import Checkpoint, drafter_for
 
     text = {k: v for k, v in FAMILY[name].text.items() if k != "num_kv_shared_layers" or v}  # 0 may be left out
-    for config in ({"model_type": "gemma4", "text_config": text}, dict(text, model_type="gemma4_text")):
+    wrapper = "gemma4_unified" if name == "12b" else "gemma4"
+    for config in ({"model_type": wrapper, "text_config": text}, dict(text, model_type=f"{wrapper}_text")):
         assert drafter_for(Checkpoint(Path("x"), config, {})) == FAMILY[name].drafter
 
 

@@ -24,7 +24,7 @@ def test_estimate_is_the_files_plus_the_kv_cache(checkpoints):
     assert estimate.kv_cache == memory.kv_cache_bytes(memory._text_config(checkpoints["text"] / "config.json"), 1024)
 
 
-@pytest.mark.parametrize("variant", ["e2b", "26b-a4b"])
+@pytest.mark.parametrize("variant", ["e2b", "26b-a4b", "12b"])
 def test_kv_estimate_covers_the_real_cache(family, variant):
     """After a prompt of `context` tokens the caches hold at most the estimate, and not much less:
     K/V-shared layers hold nothing, full layers the whole context, sliding ones about a window."""
@@ -41,10 +41,12 @@ def test_kv_estimate_covers_the_real_cache(family, variant):
 
 def test_published_kv_cache_sizes():
     """From the published configs: 31B keeps 10 full layers of 4 K/V heads x 512 (keys and
-    values, bf16) per token; E2B 3 full layers of 1 head x 512, its other 20 layers share."""
+    values, bf16) per token; 12B 8 full layers of 1 head x 512; E2B 3 full layers of 1 head x
+    512, its other 20 layers share."""
     per_token = {name: (memory.kv_cache_bytes(size.text, 2 * 65536) - memory.kv_cache_bytes(size.text, 65536)) / 65536
                  for name, size in FAMILY.items()}
     assert per_token["31b"] == 10 * 2 * 4 * 512 * 2
+    assert per_token["12b"] == 8 * 2 * 1 * 512 * 2
     assert per_token["26b-a4b"] == 5 * 2 * 2 * 512 * 2
     assert per_token["e4b"] == 4 * 2 * 2 * 512 * 2
     assert per_token["e2b"] == 3 * 2 * 1 * 512 * 2
@@ -84,7 +86,7 @@ def test_unknown_sizes_skip_the_check(monkeypatch):
 def test_published_configs_have_the_sizes_their_names_say():
     """The family table's text configs, built lazily with mlx-lm (nothing is allocated), have the
     parameter counts the names promise: E2B / E4B "effective" (without the per-layer embedding
-    table), 26B-A4B in total and about 4B active per token (8 of 128 experts), 31B."""
+    table), 26B-A4B in total and about 4B active per token (8 of 128 experts), 31B, 12B."""
     from mlx.utils import tree_flatten
     from mlx_lm.models import gemma4_text
 
@@ -103,6 +105,7 @@ def test_published_configs_have_the_sizes_their_names_say():
     total, _, active = counts("26b-a4b")
     assert 25 < total < 27 and 3.5 < active < 4.5
     assert 30 < counts("31b")[0] < 32
+    assert 11.5 < counts("12b")[0] < 12.5
 
 
 def test_before_downloading_the_hub_listing_and_the_published_config_are_used(monkeypatch):

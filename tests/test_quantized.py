@@ -123,3 +123,39 @@ def test_impossible_drafter_quantization(checkpoints, bits, mode, message):
 def test_a_quantized_drafter_is_not_quantized_again(converted):
     with pytest.raises(LoadError, match="already quantized; cannot quantize it again"):
         load_drafter(str(converted["mxfp4"][1]), None, "nvfp4")
+
+
+def test_the_12b_in_the_mlx_community_layout(family, tmp_path):
+    """The 12B as mlx-vlm's converter writes it: `language_model.model.*` at 4 bits (keys equal to
+    values: no v_proj on full layers), and the encoder-free media embedders beside it under
+    mlx-vlm's names (`vision_embedder.*`, `embed_vision.*`, `embed_audio.*`), the projections
+    quantized as the published 0.6-era conversions have them. It loads as the model that was
+    saved (the same logits, bit for bit) with the 12B's assistant, and MTP on equals MTP off."""
+    google = tiny.build_target(tmp_path / "google", layout="google", variant="12b")
+    media = {}
+    for key, value in mx.load(str(google / "model.safetensors")).items():
+        if "language_model" in key:
+            continue
+        key = key.removeprefix("model.")
+        if key.endswith("_projection.weight") or key.endswith("patch_dense.weight"):
+            weight, scales, biases = mx.quantize(value, group_size=64, bits=4)
+            base = key.removesuffix(".weight")
+            media.update({key: weight, f"{base}.scales": scales, f"{base}.biases": biases})
+        else:
+            media[key] = value
+    assert {k.split(".")[0] for k in media} == {"vision_embedder", "embed_vision", "embed_audio"}
+    target, _ = load_target(str(google))
+    folder = quantize_and_save(target.model, google, tmp_path / "converted", MODES["affine-4"], extra=media)
+    on_disk = mx.load(str(folder / "model.safetensors"))
+    assert any(k.startswith("language_model.model.layers.0.self_attn.v_proj") for k in on_disk)
+    assert not any(k.startswith("language_model.model.layers.5.self_attn.v_proj") for k in on_disk)
+
+    loaded = load(str(folder), str(family("12b")["assistant"]))
+    assert quantized_modes(loaded.target.model) == {("affine", 4)}
+    ids = mx.array(np.random.RandomState(6).randint(0, tiny.VOCAB, size=(1, 2 * tiny.WINDOW)))
+    assert mx.array_equal(loaded.target(ids, loaded.target.make_cache())[0], target(ids, target.make_cache())[0])
+    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    prompt = ids[0].tolist()
+    off = engine.generate(prompt, max_tokens=3 * tiny.WINDOW, mtp=False)
+    on = engine.generate(prompt, max_tokens=3 * tiny.WINDOW, draft_tokens=4, lookup=False)
+    assert on.tokens == off.tokens and on.stats.drafted > 0

@@ -55,8 +55,14 @@ CORPUS = [
 ]
 
 
-def _text_config(**overrides):
-    from transformers import Gemma4TextConfig
+# transformers' keys that the 12B's text config class does not have (no per-layer embeddings,
+# no experts).
+_NOT_UNIFIED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+
+
+def _text_config(unified: bool = False, **overrides):
+    """A tiny Gemma4TextConfig, or with `unified` the 12B's Gemma4UnifiedTextConfig."""
+    from transformers import Gemma4TextConfig, Gemma4UnifiedTextConfig
 
     layer_types = [SLIDING] * 4 + [FULL] + [SLIDING] * 4 + [FULL]
     config = dict(
@@ -70,6 +76,8 @@ def _text_config(**overrides):
     )
     config.update(overrides)
     config["num_hidden_layers"] = len(config["layer_types"])
+    if unified:
+        return Gemma4UnifiedTextConfig(**{k: v for k, v in config.items() if k not in _NOT_UNIFIED})
     return Gemma4TextConfig(**config)
 
 
@@ -89,7 +97,9 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
 # in the README). "e2b" is `_text_config`'s defaults. E4B: no double-wide MLP, 2 K/V heads, a 5:1
 # layer pattern, K/V sharing. 26B-A4B: a mixture-of-experts block beside the MLP, keys equal to
 # values on full layers with their own K/V head count, no sharing, no per-layer embeddings. 31B:
-# the same attention, dense, no sharing.
+# the same attention, dense, no sharing. 12B (transformers' `gemma4_unified` classes): as 31B, a
+# 5:1 pattern; "12b-kv-shared" is the 12B's classes with what its config may also ask for (K/V
+# sharing with double-wide MLPs on the shared layers, keys apart from values).
 _PATTERN_5_1 = [SLIDING] * 5 + [FULL]
 _NO_PLE = dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)
 _K_EQ_V = dict(attention_k_eq_v=True, num_key_value_heads=2, num_global_key_value_heads=1)
@@ -108,14 +118,23 @@ VARIANTS = {
         hidden_size=128, layer_types=_PATTERN_5_1 + [SLIDING] * 2 + [FULL], num_kv_shared_layers=0,
         use_double_wide_mlp=False, **_NO_PLE, **_K_EQ_V,
     ),
+    "12b": dict(
+        hidden_size=128, layer_types=_PATTERN_5_1 * 2, num_kv_shared_layers=0, use_double_wide_mlp=False, **_K_EQ_V,
+    ),
+    "12b-kv-shared": dict(
+        layer_types=_PATTERN_5_1 * 2, num_kv_shared_layers=4, use_double_wide_mlp=True, num_key_value_heads=2,
+    ),
 }
+UNIFIED = ("12b", "12b-kv-shared")  # built with transformers' gemma4_unified classes
 # The assistant of each variant: its target's width and K/V heads; the centroid head or the plain
-# one, as the published assistants have (E2B and E4B: centroids; 31B: plain).
+# one, as the published assistants have (E2B and E4B: centroids; 31B and 12B: plain).
 ASSISTANTS = {
     "e2b": dict(ordered=True),
     "e4b": dict(ordered=True, backbone=96, num_key_value_heads=2),
     "26b-a4b": dict(ordered=True, **_K_EQ_V),
     "31b": dict(ordered=False, backbone=128, num_attention_heads=8, **_K_EQ_V),
+    "12b": dict(ordered=False, unified=True, backbone=128, **_K_EQ_V),
+    "12b-kv-shared": dict(ordered=True, unified=True, num_key_value_heads=2),
 }
 
 
@@ -124,17 +143,22 @@ def build_target(
 ) -> Path:
     """A tiny target. layout "text": Gemma4ForCausalLM (model_type gemma4_text);
     "google": Gemma4ForConditionalGeneration with vision and audio towers, as google ships it.
-    Both layouts carry the same language-model weights for the same seed. `variant` picks the
-    structure of one Gemma 4 size (see VARIANTS)."""
-    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+    The 12B's variants use the gemma4_unified classes instead (its text model alone, or with
+    its encoder-free vision and audio embedders). Both layouts carry the same language-model
+    weights for the same seed. `variant` picks the structure of one Gemma 4 size (see VARIANTS)."""
+    import transformers
 
+    unified = variant in UNIFIED
+    prefix = "Gemma4Unified" if unified else "Gemma4"
     torch.manual_seed(seed)
-    text = _text_config(**VARIANTS[variant])
-    model = Gemma4ForCausalLM(text)
+    text = _text_config(unified, **VARIANTS[variant])
+    model = getattr(transformers, f"{prefix}ForCausalLM")(text)
     _randomise(model, seed)
     if layout == "google":
-        config = Gemma4Config(text_config=text.to_dict(), vision_config=_tiny_vision(), audio_config=_tiny_audio())
-        wrapper = Gemma4ForConditionalGeneration(config)
+        media = (_tiny_unified_vision(), _tiny_unified_audio()) if unified else (_tiny_vision(), _tiny_audio())
+        config = getattr(transformers, f"{prefix}Config")(
+            text_config=text.to_dict(), vision_config=media[0], audio_config=media[1])
+        wrapper = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
         wrapper.model.language_model.load_state_dict(model.model.state_dict())
         model = wrapper
     elif layout != "text":
@@ -155,12 +179,27 @@ def _tiny_audio() -> dict:
                 output_proj_dims=32, conv_kernel_size=3)
 
 
+def _tiny_unified_vision() -> dict:
+    """The 12B's encoder-free vision embedder: 4-pixel patches merged 2 by 2 (widths that MLX's
+    converters can quantize, as mlx-vlm's 12B conversions have them)."""
+    return dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=16, output_proj_dims=64)
+
+
+def _tiny_unified_audio() -> dict:
+    return dict(audio_embed_dim=64)
+
+
 def build_assistant(
-    folder: Path, ordered: bool = True, seed: int = 1, backbone: int = HIDDEN, **text_overrides
+    folder: Path, ordered: bool = True, seed: int = 1, backbone: int = HIDDEN, unified: bool = False,
+    **text_overrides,
 ) -> Path:
-    """A tiny gemma4_assistant drafter for the tiny target (centroid head on or off).
-    Widths are multiples of 64 so that it can be quantized with MLX's default group size."""
-    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+    """A tiny gemma4_assistant drafter for the tiny target (centroid head on or off); `unified`:
+    the 12B's gemma4_unified_assistant. Widths are multiples of 64 so that it can be quantized
+    with MLX's default group size."""
+    import transformers
+
+    prefix = "Gemma4UnifiedAssistant" if unified else "Gemma4Assistant"
+    Config, Model = (getattr(transformers, prefix + name) for name in ("Config", "ForCausalLM"))
 
     torch.manual_seed(seed)
     text = dict(
@@ -169,11 +208,11 @@ def build_assistant(
         use_double_wide_mlp=False, layer_types=[SLIDING] * 3 + [FULL],
     )
     text.update(text_overrides)
-    config = Gemma4AssistantConfig(
-        text_config=_text_config(**text).to_dict(), backbone_hidden_size=backbone,
+    config = Config(
+        text_config=_text_config(unified, **text).to_dict(), backbone_hidden_size=backbone,
         use_ordered_embeddings=ordered, num_centroids=16, centroid_intermediate_top_k=4,
     )
-    model = Gemma4AssistantForCausalLM(config)
+    model = Model(config)
     _randomise(model, seed)
     if ordered:
         ordering = torch.randperm(config.text_config.vocab_size, generator=torch.Generator().manual_seed(seed))
