@@ -27,8 +27,13 @@ ROOT = HERE.parent
 WORKER = r"""
 import json, sys
 import numpy as np
-from common import Engine, arguments, build_engine
-from runs import SAMPLING, ControlledDrafter, run_ours, warm_up
+try:  # the benchmarks inside the package (since `mlx-spec bench`), or a revision's bench/ before
+    from mlx_spec.bench.common import arguments
+    from mlx_spec.bench.models import Engine, build_engine
+    from mlx_spec.bench.runs import SAMPLING, ControlledDrafter, run_ours, warm_up
+except ImportError:
+    from common import Engine, arguments, build_engine
+    from runs import SAMPLING, ControlledDrafter, run_ours, warm_up
 
 args = arguments("ab worker").parse_args(sys.argv[1:-2])
 prompt_tokens, max_tokens = int(sys.argv[-2]), int(sys.argv[-1])
@@ -94,7 +99,8 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--out", default=None, help="JSON output file [bench/results/ab.json]")
     args, model_args = parser.parse_known_args()
-    from common import header, machine  # the working tree's own: this machine, named as every bench does
+    sys.path.insert(0, str(ROOT))
+    from mlx_spec.bench.common import header, machine  # the working tree's own: this machine, named as every bench does
 
     info = machine()
     runs = [tuple(r.split(":")) for r in args.runs.split(",")]

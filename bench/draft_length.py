@@ -1,55 +1,12 @@
-"""The best draft length is measured, not guessed: for g = 0..8, tok/s, acceptance, R_g, C_g and
-the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the loop efficiency
-(the cycles' device time measured alone / wall time), per workload.
+"""`mlx-spec bench draft-length` from a checkout (the code is mlx_spec/bench/draft_length.py): its JSON and
+markdown go to the results folder (--out, by default a dated one here), with the report."""
 
-    python bench/draft_length.py --model mlx-community/gemma-4-e2b-it-4bit \
-        --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
-    python bench/draft_length.py --random-weights --shape small
-"""
+import sys
+from pathlib import Path
 
-from common import arguments, build_engine, describe_models, header, machine, markdown, write_json
-from runs import SAMPLING, TEMPLATE, cost_ratios, loop_efficiency, run_ours, warm_up, workloads
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def main():
-    parser = arguments(__doc__.splitlines()[0])
-    parser.add_argument("--sampling", default="greedy", choices=sorted(SAMPLING))
-    parser.add_argument("--max-g", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
-    parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
-    args = parser.parse_args()
-    engine = build_engine(args)
-    info = machine()
-    settings = SAMPLING[args.sampling]
-    lengths = list(range(args.max_g + 1))
-    results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, **TEMPLATE, "workloads": []}
-    print(header("Draft length", info, {"sampling": args.sampling, **results["models"], **TEMPLATE}))
-    names = args.workloads.split(",") if args.workloads else None
-    for name, prompt, max_tokens in workloads(engine, names):
-        max_tokens = min(max_tokens, args.max_tokens or max_tokens)
-        warm_up(engine, prompt, settings)
-        one_ms, ratios = cost_ratios(engine, prompt, lengths, args.repeats)
-        rows, entries, base = [], [], None
-        for g in lengths:
-            run = run_ours(engine, prompt, settings, max_tokens, mtp=g > 0, draft_tokens=g)
-            base = base or run["tps"]
-            r, c = ratios[g]["R"], ratios[g]["C"]
-            predicted = run["tokens_per_cycle"] / (r + c)
-            acceptance = run["kept"] / run["drafted"] if run["drafted"] else 0.0
-            efficiency = loop_efficiency(engine, prompt, run, engine.mtp_drafter)
-            entry = {"g": g, "tps": run["tps"], "acceptance": acceptance, "tokens_per_cycle": run["tokens_per_cycle"],
-                     "R": r, "C": c, "predicted_speedup": predicted, "measured_speedup": run["tps"] / base if base else 0.0,
-                     "loop_efficiency": efficiency}
-            entries.append(entry)
-            rows.append([g, f"{run['tps']:.1f}", f"{100 * acceptance:.0f}%", f"{run['tokens_per_cycle']:.2f}",
-                         f"{r:.2f}", f"{c:.2f}", f"{predicted:.2f}x", f"{entry['measured_speedup']:.2f}x", f"{efficiency:.2f}"])
-        best = max(entries, key=lambda e: e["tps"])
-        results["workloads"].append({"workload": name, "one_position_ms": one_ms, "by_g": entries, "best_g": best["g"]})
-        print(f"### {name} (one target position: {one_ms:.2f} ms)\n")
-        print(markdown(["g", "tok/s", "acceptance", "tokens/cycle", "R_g", "C_g", "predicted E/(R+C)", "measured", "loop efficiency"], rows))
-        print(f"\nBest g: {best['g']} ({best['tps']:.1f} tok/s)\n")
-    print(f"JSON: {write_json('draft_length', args, results)}")
-
+from mlx_spec.bench import run  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    run("draft-length", sys.argv[1:])

@@ -6,12 +6,16 @@ at a long context (the index follows its sequence: O(new tokens) per cycle). No 
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from common import header, machine, markdown
 
-from mlx_spec.ngrams import NgramIndex
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlx_spec.bench.common import header, machine, markdown  # noqa: E402
+from mlx_spec.ngrams import NgramIndex  # noqa: E402
 
 CYCLE_BAR_MS, INDEX_BAR_MS = 0.05, 50.0
 

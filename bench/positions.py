@@ -1,94 +1,12 @@
-"""The 1-vs-N-position table: what one target pass over N new positions costs, next to one
-position, at several context lengths; and what g drafter steps cost (C_g).
+"""`mlx-spec bench positions` from a checkout (the code is mlx_spec/bench/positions.py): its JSON and
+markdown go to the results folder (--out, by default a dated one here), with the report."""
 
-    python bench/positions.py --model mlx-community/gemma-4-e2b-it-4bit \
-        --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
-    python bench/positions.py --random-weights              # E2B shapes, no download
-    python bench/positions.py --random-weights --shape 31b  # or e4b, 26b-a4b, 12b: each size's shapes
-    python bench/positions.py --random-weights --shape small  # for MLX on a CPU
-"""
+import sys
+from pathlib import Path
 
-import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import arguments, build_engine, chip_bandwidth, describe_models, header, machine, markdown, median_ms, weight_bytes_per_pass, write_json
-from mlx_spec.decoder import SequenceState
-from mlx_spec.drafting import DraftContext
-from mlx_spec.sampling import SamplingSettings
-from mlx_spec.target import trim_cache
-
-POSITIONS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
-SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (docs/design.md, section 5)
-
-
-def prefilled(engine, context: int) -> SequenceState:
-    """A sequence with `context` random tokens in the target's caches."""
-    state = SequenceState(engine.target)
-    tokens = mx.random.randint(0, engine.target.vocab_size, (context + 1,)).tolist()
-    engine.decoder(mtp=False).add_tokens(state, tokens)
-    return state
-
-
-def time_target(engine, state: SequenceState, n: int, repeats: int) -> float:
-    """One pass over n new positions, fully evaluated (logits of all n), then cut back."""
-    tokens = mx.random.randint(0, engine.target.vocab_size, (1, n))
-
-    def one_pass():
-        logits, hidden = engine.target.forward(tokens, state.cache)
-        mx.eval(logits, hidden)
-        trim_cache(state.cache, n)
-
-    return median_ms(one_pass, repeats)
-
-
-def time_drafter(engine, state: SequenceState, g: int, repeats: int) -> float:
-    """g MTP draft steps over the target's caches, fully evaluated."""
-    drafter = engine.mtp_drafter
-    context = DraftContext(
-        tokens=state.tokens, last_token=mx.array([[state.tokens[-1]]]), hidden=state.hidden,
-        kv=engine.target.drafter_buffers(state.cache), settings=SamplingSettings(), uniforms=mx.zeros((g,)),
-    )
-    return median_ms(lambda: mx.eval(drafter.draft(context, g).tokens), repeats)
-
-
-def main():
-    parser = arguments(__doc__.splitlines()[0])
-    parser.add_argument("--contexts", default="128,1024,4096", help="context lengths, comma separated")
-    args = parser.parse_args()
-    engine = build_engine(args)
-    info = machine()
-    weight_bytes = weight_bytes_per_pass(engine.target)
-    bandwidth = chip_bandwidth(info["chip"]) if info["metal"] else None
-    contexts = [int(c) for c in args.contexts.split(",")]
-    results = {"machine": info, "models": describe_models(args), "repeats": args.repeats,
-               "weight_bytes_per_pass": weight_bytes, "target": [], "drafter": []}
-    print(header("Target pass over N new positions", info, {"repeats": args.repeats, **results["models"]}))
-    for context in contexts:
-        state = prefilled(engine, context)
-        rows, one = [], None
-        for n in POSITIONS:
-            ms = time_target(engine, state, n, args.repeats)
-            one = one or ms
-            gbs = weight_bytes / ms / 1e6
-            row = {"context": context, "positions": n, "ms": ms, "ratio": ms / one, "gb_per_s": gbs}
-            if bandwidth:
-                row["bandwidth_share"] = gbs / bandwidth
-            results["target"].append(row)
-            rows.append([context, n, f"{ms:.2f}", f"{ms / one:.2f}", f"{gbs:.1f}",
-                         f"{100 * gbs / bandwidth:.0f}%" if bandwidth else "-", SEED_MS.get(n, "")])
-        print(markdown(["context", "positions", "ms", "ratio to 1", "weights GB/s", "of chip bandwidth", "seed ms (M5, transformers)"], rows))
-        print()
-        if engine.mtp_drafter is not None and context == contexts[0]:
-            drows = []
-            for g in range(1, 9):
-                ms = time_drafter(engine, state, g, args.repeats)
-                results["drafter"].append({"context": context, "steps": g, "ms": ms, "c_g": ms / one})
-                drows.append([g, f"{ms:.2f}", f"{ms / one:.2f}"])
-            print(f"Drafter steps at context {context} (C_g = their time / one target position)\n")
-            print(markdown(["g", "ms", "C_g"], drows))
-            print()
-    print(f"Weights read per target pass: {weight_bytes / 1e9:.3f} GB")
-    print(f"JSON: {write_json('positions', args, results)}")
-
+from mlx_spec.bench import run  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    run("positions", sys.argv[1:])

@@ -257,6 +257,22 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     os._exit(0)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.argument("table", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(table, args):
+    """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
+    controlled, overhead, or all. `mlx-spec bench TABLE --help` lists its options."""
+    from . import bench as tables
+
+    if table in (None, "-h", "--help"):
+        click.echo(click.get_current_context().get_help())
+    elif table == "all":
+        tables.run_all(args)
+    else:
+        tables.run(table, args)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point: problems become one line on standard error and a non-zero exit."""
     try:

@@ -1,5 +1,6 @@
-"""The benchmark scripts run end to end on the tiny checkpoints and write their tables.
-(Smoke tests: they check that the figures are produced, never what they are.)"""
+"""`mlx-spec bench` runs every table end to end on the tiny checkpoints, from the installed
+package, and writes its JSON, markdown and report. (Smoke tests: they check that the figures are
+produced, never what they are.)"""
 
 import json
 import subprocess
@@ -8,19 +9,32 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parent.parent / "bench"  # the repository's own tools (ab, lookup)
+
+
+def mlx_spec_bench(*args, cwd):
+    """`mlx-spec bench ...` in a process of its own, as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
 
 
 def run_script(name, *args, tmp_path):
-    out = tmp_path / f"{name}.json"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{name}.py"), *args, "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    """One table into `tmp_path / "results"`: its stdout and JSON (the markdown and the report
+    are written beside it)."""
+    out = tmp_path / "results"
+    if name == "ab":  # a repository tool, not a table of the package
+        proc = subprocess.run([sys.executable, str(BENCH / "ab.py"), *args, "--out", str(out / "ab.json")],
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    else:
+        proc = mlx_spec_bench(name.replace("_", "-"), *args, "--out", str(out), cwd=tmp_path)
+        assert (out / f"{name}.md").read_text().startswith("## ")
+        assert "<img" in (out / "report.html").read_text()  # matplotlib is a test dependency
     assert "| " in proc.stdout and "Machine:" in proc.stdout
-    data = json.loads(out.read_text())
-    assert {"chip", "memory_gb", "os", "mlx", "mlx_lm"} <= set(data["machine"])
+    data = json.loads((out / f"{name}.json").read_text())
+    assert {"chip", "memory_gb", "os", "mlx", "mlx_lm", "mlx_vlm"} <= set(data["machine"])
     return proc.stdout, data
 
 
@@ -87,10 +101,10 @@ def test_two_revisions_side_by_side(tiny_models, tmp_path):
 def test_random_weights_quantized_like_the_default_model():
     """--random-weights builds E2B's shapes at 4 bits; the same builder at small widths must give
     a quantized target and drafter that decode (E2B itself is too slow for MLX on a CPU)."""
-    sys.path.insert(0, str(BENCH))
     import mlx.core as mx
     import mlx.nn as nn
-    from common import SMALL, SMALL_ASSISTANT, random_drafter, random_target
+
+    from mlx_spec.bench.models import SMALL, SMALL_ASSISTANT, random_drafter, random_target
 
     from mlx_spec.engine import Engine
 
@@ -111,8 +125,7 @@ def test_random_weights_quantized_like_the_default_model():
 def test_workloads_render_as_the_seed_measured(checkpoints):
     """Thinking off (the empty thought ends the prompt), and the tool round trip as Google's
     template renders it: the results inside the model turn, as mappings, nothing after them."""
-    sys.path.insert(0, str(BENCH))
-    from runs import workloads
+    from mlx_spec.bench.runs import workloads
 
     from mlx_spec import load
 
@@ -127,8 +140,7 @@ def test_workloads_render_as_the_seed_measured(checkpoints):
 
 
 def test_agreement_and_first_difference(checkpoints):
-    sys.path.insert(0, str(BENCH))
-    from runs import agreement, first_difference
+    from mlx_spec.bench.runs import agreement, first_difference
 
     from mlx_spec import load
 
@@ -144,22 +156,6 @@ def test_agreement_and_first_difference(checkpoints):
     assert first_difference(engine, prompt, greedy, greedy[:4]) is None
 
 
-def test_overhead(tiny_models, tmp_path):
-    """Runs at the E2B structure (narrow widths); predicts from a positions table."""
-    _, positions = run_script("positions", *tiny_models, "--contexts", "16", "--repeats", "1", tmp_path=tmp_path)
-    stdout, data = run_script("overhead", "--repeats", "1", "--positions", str(tmp_path / "positions.json"), tmp_path=tmp_path)
-    assert sorted(int(g) for g in data["build_ms"]) == list(range(9)) and data["mlx_lm_build_ms"] > 0
-    assert 0 <= data["queued_share"] <= 1
-    nodes = data["nodes"]
-    assert nodes["target pass, plain"] > nodes["target pass, compiled"] > nodes["draft step, plain"] > nodes["draft step, compiled"] > 0
-    assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
-    cases = [row["case"] for row in data["predicted"]]
-    assert cases[:-1] == ["acceptance 0, g = 0"] + [f"acceptance {a}, g = 6" for a in ("0.3", "0.5", "0.7", "1")]
-    # Pipelined is never slower than serial: max(build, device) <= build + device.
-    assert all(row["gain"] >= 1 for row in data["predicted"][:-1])
-    assert "pipelined tok/s" in stdout
-
-
 @pytest.mark.parametrize("name", ["e4b", "26b-a4b", "31b", "12b"])
 def test_random_weights_of_each_size_at_small_width(name):
     """--shape e4b|26b-a4b|31b|12b: each size's published structure (layer pattern and count, K/V
@@ -167,10 +163,10 @@ def test_random_weights_of_each_size_at_small_width(name):
     real widths take minutes and gigabytes; here the same builder runs at small widths and the
     pair runs (4-bit matmuls are slow on MLX's CPU backend: a few tokens only; test_family checks
     these structures' exactness against transformers)."""
-    sys.path.insert(0, str(BENCH))
     import mlx.core as mx
     import mlx.nn as nn
-    from common import family_shape, random_drafter, random_target
+
+    from mlx_spec.bench.models import family_shape, random_drafter, random_target
 
     from mlx_spec.engine import Engine
     from mlx_spec.family import FAMILY
@@ -200,3 +196,82 @@ def test_random_weights_of_each_size_at_small_width(name):
     result = engine.generate(prompt, max_tokens=4, draft_tokens=3, lookup=False, report=False)
     assert len(result.tokens) == 4 and result.stats.drafted > 0
     mx.clear_cache()
+
+
+def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
+    """`mlx-spec bench all --quick`: every table into one folder (JSON, markdown), the report with
+    a plot per table, a progress bar per table on standard error, and the block to paste last."""
+    out = tmp_path / "all"
+    proc = mlx_spec_bench("all", *tiny_models, "--quick", "--workloads", "tool call", "--out", str(out), cwd=tmp_path)
+    for table in ("positions", "acceptance", "draft_length", "controlled", "overhead"):
+        assert json.loads((out / f"{table}.json").read_text())["machine"]["chip"]
+        assert (out / f"{table}.md").read_text().startswith("## ")
+    page = (out / "report.html").read_text()
+    assert {p.name for p in (out / "plots").iterdir()} >= {"positions-1.png", "controlled-1.png", "draft_length-1.png"}
+    for title in ("The cost of N positions against one", "tok/s per workload", "Acceptance by guess position",
+                  "Speed-up by draft length", "Controlled acceptance against its prediction"):
+        assert f'alt="{title}' in page
+    for table in ("positions", "acceptance", "draft-length", "controlled"):
+        assert f"{table} [" in proc.stderr and "s left" in proc.stderr
+    block = proc.stdout[proc.stdout.rindex("```\nmlx-spec bench"):]
+    assert "machine: " in block and "7 positions / 1 at context 128" in block
+    assert "tool call (greedy): MTP g=6" in block and f"report: {out / 'report.html'}" in block
+    assert {r["workload"] for r in json.loads((out / "acceptance.json").read_text())["runs"]} == {"tool call"}
+    # The overhead table (E2B's structure at narrow widths), predicting from this run's positions.
+    data = json.loads((out / "overhead.json").read_text())
+    assert sorted(int(g) for g in data["build_ms"]) == list(range(9)) and data["mlx_lm_build_ms"] > 0
+    assert 0 <= data["queued_share"] <= 1
+    nodes = data["nodes"]
+    assert nodes["target pass, plain"] > nodes["target pass, compiled"] > nodes["draft step, plain"] > nodes["draft step, compiled"] > 0
+    assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
+    cases = [row["case"] for row in data["predicted"]]
+    assert cases[:-1] == ["acceptance 0, g = 0"] + [f"acceptance {a}, g = 6" for a in ("0.3", "0.5", "0.7", "1")]
+    # Pipelined is never slower than serial: max(build, device) <= build + device.
+    assert all(row["gain"] >= 1 for row in data["predicted"][:-1])
+    assert "pipelined tok/s" in proc.stdout
+
+
+def test_results_go_to_a_dated_folder_under_the_current_one(tiny_models, tmp_path):
+    mlx_spec_bench("positions", *tiny_models, "--contexts", "8", "--repeats", "1", cwd=tmp_path)
+    (folder,) = tmp_path.glob("mlx-spec-bench-*")
+    assert (folder / "positions.json").is_file() and (folder / "report.html").is_file()
+
+
+def test_all_takes_the_shared_options_only(tmp_path):
+    from mlx_spec.bench import run_all
+
+    with pytest.raises(SystemExit, match=r"`mlx-spec bench all` takes .*--workloads; give --contexts to one table instead"):
+        run_all(["--contexts", "8", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"unknown table 'speed'"):
+        __import__("mlx_spec.bench", fromlist=["run"]).run("speed", [])
+
+
+def test_without_matplotlib_the_report_has_the_tables_and_says_how_to_get_plots(tiny_models, tmp_path, monkeypatch):
+    from mlx_spec.bench import report
+
+    out = tmp_path / "results"
+    mlx_spec_bench("positions", *tiny_models, "--contexts", "8", "--repeats", "1", "--out", str(out), cwd=tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    assert not report.have_plots()
+    page = report.write(out).read_text()
+    assert "<img" not in page and 'pip install &quot;mlx-spec[bench]&quot;' in page
+    assert "| context | positions | ms |" in page
+
+
+def test_the_header_names_the_model_files_by_their_sha256(checkpoints, tmp_path):
+    import hashlib
+    import os
+
+    from mlx_spec.bench.files import model_files, sha256
+
+    files = {f["file"]: f for f in model_files(checkpoints["text"])}
+    weights = checkpoints["text"] / "model.safetensors"
+    assert files["model.safetensors"]["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert files["model.safetensors"]["bytes"] == weights.stat().st_size and "config.json" in files
+    # A download in huggingface-hub's cache: the blob's name is its sha256, taken as it is.
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir(), snapshot.mkdir(parents=True)
+    name = "0123456789abcdef" * 4
+    (blobs / name).write_bytes(b"not read")
+    os.symlink(blobs / name, snapshot / "model.safetensors")
+    assert sha256(snapshot / "model.safetensors") == name

@@ -1,34 +1,16 @@
-"""Shared pieces of the benchmarks: the machine, the models, timing, and the output.
-
-Models come from real checkpoints (`--model`, `--drafter`), or are built with random weights:
-`--random-weights` gives the real E2B target and drafter shapes (`--shape e4b|26b-a4b|31b|12b`: those
-sizes' shapes from their published configs), quantized like the 4-bit conversions, built layer by
-layer so memory stays near the final size; `--shape small` gives a scaled-down Gemma 4 of the
-same structure for machines where MLX runs on the CPU.
-"""
-
-import argparse
-import json
-import os
-import platform
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
+"""The models a benchmark measures: a real pair by name (E2B by default, downloaded as `chat`
+does), or random weights in a real size's shapes (`--random-weights --shape ...`), quantized like
+the 4-bit conversions and built layer by layer so memory stays near the final size; `small` is
+a scaled-down Gemma 4 of the same structure for machines where MLX runs on the CPU."""
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import gemma4_text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mlx_lm.models import gemma4_text  # noqa: E402
-
-from mlx_spec.assistant import Assistant, AssistantConfig  # noqa: E402
-from mlx_spec.engine import Engine, load  # noqa: E402
-from mlx_spec.family import FAMILY  # noqa: E402
-from mlx_spec.loading import AUTO  # noqa: E402
-from mlx_spec.target import Target  # noqa: E402
+from ..assistant import Assistant, AssistantConfig
+from ..engine import Engine, load
+from ..family import FAMILY
+from ..target import Target
 
 ROPE = {
     "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
@@ -68,67 +50,13 @@ def family_shape(name: str):
     return dict(size.text, rope_parameters=ROPE), dict(E2B_ASSISTANT, **drafter), ordered
 
 
-SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
-# Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
-APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
-
-
-def arguments(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", help="target: e2b|e4b|26b-a4b|31b|12b (4-bit MLX), hub id or folder")
-    parser.add_argument("--drafter", default=AUTO, help="drafter: auto (the target's assistant), size name, hub id or folder")
-    parser.add_argument("--random-weights", action="store_true", help="a real shape, random weights, 4-bit")
-    parser.add_argument("--shape", choices=SHAPES, default="e2b", help="shape for --random-weights")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
-    parser.add_argument("--out", default=None, help="JSON output file [bench/results/<script>.json]")
-    return parser
-
-
-def machine() -> dict:
-    """What the figures were measured on."""
-    chip = platform.processor() or platform.machine()
-    if sys.platform == "darwin":
-        chip = _run(["sysctl", "-n", "machdep.cpu.brand_string"]) or chip
-    elif os.path.exists("/proc/cpuinfo"):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                chip = line.split(":", 1)[1].strip()
-                break
-    import mlx_lm
-
-    return {
-        "chip": chip,
-        "cores": os.cpu_count(),
-        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
-        "os": platform.platform(),
-        "mlx": mx.__version__,
-        "mlx_lm": mlx_lm.__version__,
-        "device": str(mx.default_device()),
-        "metal": bool(mx.metal.is_available()),
-    }
-
-
-def _run(argv):
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def chip_bandwidth(chip: str):
-    """The chip's memory bandwidth in GB/s if it is a known Apple chip, else None."""
-    name = chip.replace("Apple ", "")
-    return APPLE_BANDWIDTH.get(name)
-
-
-# -- models ------------------------------------------------------------------------------------
 
 
 def build_engine(args) -> Engine:
-    if args.model:
-        return load(args.model, args.drafter)
+    """The pair to measure: --random-weights of a shape, else --model (E2B by default, downloaded
+    as `mlx-spec chat` does) with its drafter."""
     if not args.random_weights:
-        raise SystemExit("give --model (and --drafter), or --random-weights [--shape small]")
+        return load(args.model or "e2b", args.drafter)
     ordered = True
     if args.shape == "e2b":
         target_shape, drafter_shape = E2B, E2B_ASSISTANT
@@ -209,11 +137,14 @@ def random_embedding(rows: int, dims: int, bits, group_size: int, chunk: int = 8
 
 
 def describe_models(args) -> dict:
-    if args.model:
-        if args.drafter == AUTO:
-            return {"target": args.model, "drafter": "auto (the target's assistant)"}
-        return {"target": args.model, "drafter": args.drafter}
-    return {"target": f"random weights, {args.shape} shape", "drafter": f"random weights, {args.shape} shape"}
+    """The pair by name, and each model's files with their sha256 (see `files.fingerprint`)."""
+    if args.random_weights:
+        return {"target": f"random weights, {args.shape} shape", "drafter": f"random weights, {args.shape} shape"}
+    from ..loading import resolve_names
+    from .files import fingerprint
+
+    target, drafter = resolve_names(args.model or "e2b", args.drafter)
+    return {"target": target, "drafter": drafter or "none", "files": fingerprint(target, drafter)}
 
 
 def weight_bytes_per_pass(target: Target) -> int:
@@ -229,36 +160,3 @@ def weight_bytes_per_pass(target: Target) -> int:
     return total
 
 
-# -- timing and output -------------------------------------------------------------------------
-
-
-def median_ms(fn, repeats: int, warmup: int = 2) -> float:
-    """Median wall time of `fn()` in milliseconds; fn must evaluate what it computes."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
-def markdown(headers, rows) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def write_json(script: str, args, payload: dict) -> Path:
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"{script}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2, ensure_ascii=False))
-    return out
-
-
-def header(title: str, machine_info: dict, settings: dict) -> str:
-    m = machine_info
-    lines = [f"## {title}", "", f"Machine: {m['chip']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}",
-             f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
-    return "\n".join(lines)

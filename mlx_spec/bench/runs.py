@@ -13,11 +13,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from mlx_spec.decoder import SequenceState
-from mlx_spec.drafting import Draft, DraftContext, Drafter
-from mlx_spec.pieces import run_through
-from mlx_spec.sampling import SamplingSettings
-from mlx_spec.target import trim_cache
+from ..decoder import SequenceState
+from ..drafting import Draft, DraftContext, Drafter
+from ..pieces import run_through
+from ..sampling import SamplingSettings
+from ..target import trim_cache
 
 WORKLOADS = Path(__file__).parent / "workloads.json"
 SAMPLING = {"greedy": SamplingSettings.named("greedy"), "gemma": SamplingSettings.named("gemma")}
@@ -67,7 +67,8 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, d
             "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms, "waited_ms": s.waited_ms,
             "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1),
             "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps,
-            "cycles_by_g": dict(s.cycles_by_g), "kept_by_source": dict(s.kept_by_source),
+            "cycles_by_g": dict(s.cycles_by_g), "kept_by_position": list(s.kept_by_position),
+            "kept_by_source": dict(s.kept_by_source),
             "drafted_by_source": dict(s.drafted_by_source)}
 
 
@@ -146,7 +147,7 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5):
     `repeats` of a pass over one position and the other timed right after it: on a shared
     machine the speed drifts between measurements taken apart. Returns (one position's median
     ms, {g: {"R", "C"}})."""
-    from common import median_ms
+    from .common import median_ms
 
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt)
@@ -190,9 +191,9 @@ def expected_tokens(acceptance: float, g: int) -> float:
 def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
     """The device time of one cycle measured alone: the cycle's graph is built first, then only
     its evaluation is timed (the caches are cut back after each)."""
-    from common import median_ms
-    from mlx_spec.cycle import CycleBuilder, Start
-    from mlx_spec.sampling import uniform_streams
+    from .common import median_ms
+    from ..cycle import CycleBuilder, Start
+    from ..sampling import uniform_streams
 
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt)

@@ -1,0 +1,143 @@
+"""`mlx-spec bench`: the seed's tables measured on this machine, from the installed package.
+
+Each table is a module with `main(argv)`: `positions` (the 1-vs-N-position cost), `acceptance`
+(guesses kept per kind of content, mlx-lm beside), `draft-length` (tok/s by g with the cost
+model's prediction), `controlled` (the loop's own cost at set acceptances) and `overhead` (the
+host's cost of building a cycle). `run` writes a table's JSON and markdown into the results
+folder and (re)draws the report there; `run_all` runs every table into one folder and ends with
+a block to paste into an issue.
+"""
+
+import contextlib
+import importlib
+import io
+import sys
+import time
+from pathlib import Path
+from typing import List, Sequence
+
+from . import report
+from .common import results_folder
+
+TABLES = {"positions": "positions", "acceptance": "acceptance", "draft-length": "draft_length",
+          "controlled": "controlled", "overhead": "overhead"}
+# The options every table takes: what `all` passes to each; and those `all` passes to the tables
+# that have them only.
+SHARED = {"--model": 1, "--drafter": 1, "--random-weights": 0, "--shape": 1, "--repeats": 1, "--quick": 0, "--out": 1}
+ROUTED = {"--workloads": ("acceptance", "draft-length")}
+
+
+class _Tee(io.TextIOBase):
+    """Standard output as it is, and a copy: the table's markdown file."""
+
+    def __init__(self, stream):
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text):
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def with_folder(argv: Sequence[str]) -> List[str]:
+    """argv with --out set (a dated folder under the current directory unless given)."""
+    argv = list(argv)
+    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
+        argv += ["--out", str(results_folder(None))]
+    return argv
+
+
+def folder_of(argv: Sequence[str]) -> Path:
+    for i, arg in enumerate(argv):
+        if arg == "--out":
+            return Path(argv[i + 1])
+        if arg.startswith("--out="):
+            return Path(arg.split("=", 1)[1])
+    raise ValueError("no --out in the arguments")
+
+
+def run(table: str, argv: Sequence[str]) -> Path:
+    """One table into its folder (JSON, markdown) and the report; returns the folder."""
+    if table not in TABLES:
+        raise SystemExit(f"unknown table {table!r}; the tables are {', '.join(TABLES)}, and all")
+    argv = with_folder(argv)
+    module = importlib.import_module(f".{TABLES[table]}", __name__)
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        module.main(argv)
+    folder = folder_of(argv)
+    (folder / f"{TABLES[table]}.md").write_text(tee.copy.getvalue())
+    written = report.write(folder)
+    print(f"Report: {written}" + ("" if report.have_plots() else f" (tables only; {report.PLOTS_MISSING})"))
+    return folder
+
+
+def run_all(argv: Sequence[str]) -> Path:
+    """Every table, one after the other, into one folder; then the block to paste."""
+    argv = with_folder(argv)
+    unknown = [a for a in argv if a.startswith("--") and a.split("=")[0] not in {**SHARED, **ROUTED}]
+    if unknown:
+        raise SystemExit(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})}; "
+                         f"give {unknown[0]} to one table instead")
+    start = time.perf_counter()
+    for i, table in enumerate(TABLES, 1):
+        print(f"\n# [{i}/{len(TABLES)}] {table} ({time.perf_counter() - start:.0f} s so far)\n", file=sys.stderr)
+        run(table, _for_table(table, argv))
+    folder = folder_of(argv)
+    print("\n" + summary(folder))
+    return folder
+
+
+def _for_table(table: str, argv: Sequence[str]) -> List[str]:
+    """argv without the routed options the table does not take (an option and its value)."""
+    out, skip = [], False
+    for arg in argv:
+        name = arg.split("=")[0]
+        if skip:
+            skip = False
+        elif name in ROUTED and table not in ROUTED[name]:
+            skip = "=" not in arg
+        else:
+            out.append(arg)
+    return out
+
+
+def summary(folder: Path) -> str:
+    """A short block for an issue or a discussion: the machine, the headline ratios, the report."""
+    import json
+
+    def load(name):
+        file = folder / f"{name}.json"
+        return json.loads(file.read_text()) if file.is_file() else None
+
+    tables = {name: load(name) for name in TABLES.values()}
+    first = next((t for t in tables.values() if t), None)
+    lines = ["```", "mlx-spec bench"]
+    if first:
+        m = first["machine"]
+        lines.append(f"machine: {m['chip']}, {m['memory_gb']} GB, {m['os']}, mlx {m['mlx']} ({m['device']}), "
+                     f"mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}")
+        models = first.get("models") or {}
+        if models:
+            lines.append(f"models: {models.get('target')} + {models.get('drafter')}")
+    if tables["positions"]:
+        rows = tables["positions"]["target"]
+        context = min(r["context"] for r in rows)
+        seven = next((r["ratio"] for r in rows if r["context"] == context and r["positions"] == 7), None)
+        if seven:
+            lines.append(f"7 positions / 1 at context {context}: {seven:.2f} (seed, M5: 1.25)")
+    if tables["acceptance"]:
+        for r in tables["acceptance"]["runs"]:
+            lines.append(f"{r['workload']} ({r['sampling']}): MTP g=6 {r['speedup']:.2f}x, default "
+                         f"{r['default']['tps'] / r['mtp_off']['tps'] if r['mtp_off']['tps'] else 0:.2f}x over MTP off; "
+                         f"kept {r['mtp_on']['kept']}/{r['mtp_on']['drafted']}; "
+                         f"mlx-lm {r['mlx_lm']['tps']:.1f} tok/s; same tokens: {r['same_tokens']}")
+    if tables["controlled"]:
+        for point in tables["controlled"]["sweep"]:
+            if point["acceptance"] in (0.5, 1.0):
+                lines.append(f"controlled a = {point['acceptance']}: {point['measured_speedup']:.2f}x measured, "
+                             f"{point['predicted_speedup']:.2f}x predicted")
+    lines += [f"report: {folder / 'report.html'}", "```"]
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The seed's acceptance table: four workloads (and a copy), with Gemma's default sampling and
+greedy; tok/s without MTP, with MTP (6 guesses, as the seed), guesses kept, speed-up, mlx-spec's
+default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same prompt as the anchor.
+The loop efficiency of the g = 6 run: its cycles' device time, each measured alone, over its
+wall time (1.0: the device never waited for the host).
+
+    mlx-spec bench acceptance --model e4b   # any size by name (e2b, e4b, 26b-a4b, 31b, 12b) with its assistant
+    mlx-spec bench acceptance --model mlx-community/gemma-4-e2b-it-4bit \
+        --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
+    mlx-spec bench acceptance --random-weights --shape small   # runs anywhere; acceptance ~0
+"""
+
+from .common import arguments, header, machine, markdown, parse, Progress, write_json
+from .models import build_engine, describe_models
+from .runs import (SAMPLING, TEMPLATE, agreement, first_difference, loop_efficiency, run_mlx_lm, run_ours, warm_up,
+                  workloads)
+
+# The seed's table: transformers on an Apple M5 (docs/design.md, section 6).
+SEED = {
+    "tool call": ("12.6", "40.9", "34/35"),
+    "answer from tool result": ("13.0", "22.6", "42/106"),
+    "English code": ("8.8", "11.6", "51%"),
+    "long Chinese text": ("10.3", "10.3", "7%"),
+}
+
+
+def main(argv=None):
+    parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench acceptance")
+    parser.add_argument("--sampling", default="gemma,greedy", help="comma separated: gemma, greedy")
+    parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
+    parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
+    args = parse(parser, argv, quick=dict(max_tokens=32))
+    engine = build_engine(args)
+    info = machine()
+    names = args.workloads.split(",") if args.workloads else None
+    results = {"machine": info, "models": describe_models(args), **TEMPLATE, "runs": []}
+    print(header("Acceptance by kind of content", info, {**results["models"], **TEMPLATE}))
+    chosen = workloads(engine, names)
+    progress = Progress("acceptance", len(chosen) * len(args.sampling.split(",")))
+    for sampling in args.sampling.split(","):
+        settings = SAMPLING[sampling]
+        rows = []
+        for name, prompt, max_tokens in chosen:
+            max_tokens = min(max_tokens, args.max_tokens or max_tokens)
+            warm_up(engine, prompt, settings)
+            off = run_ours(engine, prompt, settings, max_tokens, mtp=False)
+            on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False)  # the seed's setup
+            default = run_ours(engine, prompt, settings, max_tokens)  # adaptive g, lookup + MTP
+            anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
+            kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
+            # Exactness: with the same seed, drafting must not change a single token (greedy or
+            # sampled). mlx-lm is shown for reference only: its greedy takes the argmax of
+            # log-probs rounded to the model's dtype, which in bf16 can flip near-ties.
+            same = "yes" if on["tokens"] == off["tokens"] == default["tokens"] else "NO"
+            if same == "NO" and sampling == "greedy":
+                # Metal may round a 7-position pass and a 1-position pass differently: show
+                # where the outputs part and how close the two tokens' logits were there.
+                other = on["tokens"] if on["tokens"] != off["tokens"] else default["tokens"]
+                where = first_difference(engine, prompt, off["tokens"], other)
+                same = f"NO (from token {where[0]}, logit gap {where[1]:.3g})" if where else "NO (lengths)"
+            # mlx-lm stops at its tokenizer's end tokens, which may not be ours: compared over
+            # the common length then, and the column says so.
+            like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
+            speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
+            efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter)
+            seed = SEED.get(name, ("", "", ""))
+            rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
+                         f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",
+                         f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm, *seed])
+            strip = lambda r: {k: v for k, v in r.items() if k != "tokens"}  # noqa: E731
+            results["runs"].append({"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
+                                    "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
+                                    "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
+                                    "loop_efficiency": efficiency,
+                                    "same_tokens": same, "same_as_mlx_lm": like_mlx_lm})
+            progress.step(f"{name}, {sampling}")
+        print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
+        print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP (g=6) tok/s",
+                        "guesses kept", "speed-up", "loop efficiency", "default tok/s", "default speed-up", "MTP on = off",
+                        "off = mlx-lm",
+                        "seed off", "seed on", "seed kept"], rows))
+        print()
+    print(f"JSON: {write_json('acceptance', args, results)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Shared pieces of the benchmarks: the options, the machine, timing and the output (the models
+are `models.py`'s)."""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import mlx.core as mx
+
+from ..loading import AUTO
+
+SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
+# Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
+APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
+
+
+def arguments(description: str, prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, prog=prog)
+    parser.add_argument("--model", default=None,
+                        help="target: e2b|e4b|26b-a4b|31b|12b (4-bit MLX), hub id or folder [e2b]")
+    parser.add_argument("--drafter", default=AUTO, help="drafter: auto (the target's assistant), size name, hub id or folder")
+    parser.add_argument("--random-weights", action="store_true", help="a real shape, random weights, 4-bit")
+    parser.add_argument("--shape", choices=SHAPES, default="e2b", help="shape for --random-weights")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a run of a few minutes with the shape of every table (fewer contexts, tokens, repeats)")
+    parser.add_argument("--out", default=None,
+                        help="folder for the results (JSON, markdown, report.html) [./mlx-spec-bench-<date and time>]")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], quick: dict) -> argparse.Namespace:
+    """The arguments, with `quick`'s values as the defaults under --quick (what is given still wins)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--quick" in argv:
+        parser.set_defaults(repeats=2, **quick)
+    args = parser.parse_args(argv)
+    args.out = str(results_folder(args.out))
+    return args
+
+
+def results_folder(out: Optional[str]) -> Path:
+    """Where the results go: the folder given, else a dated one under the current directory
+    (never inside the installed package)."""
+    return Path(out) if out else Path.cwd() / time.strftime("mlx-spec-bench-%Y%m%d-%H%M%S")
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    chip = platform.processor() or platform.machine()
+    if sys.platform == "darwin":
+        chip = _run(["sysctl", "-n", "machdep.cpu.brand_string"]) or chip
+    elif os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                chip = line.split(":", 1)[1].strip()
+                break
+    import mlx_lm
+
+    try:
+        from importlib.metadata import version
+
+        mlx_vlm = version("mlx-vlm")
+    except Exception:  # not installed: the peer is skipped
+        mlx_vlm = None
+    return {
+        "chip": chip,
+        "cores": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
+        "os": platform.platform(),
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "mlx_vlm": mlx_vlm,
+        "device": str(mx.default_device()),
+        "metal": bool(mx.metal.is_available()),
+    }
+
+
+def _run(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def chip_bandwidth(chip: str):
+    """The chip's memory bandwidth in GB/s if it is a known Apple chip, else None."""
+    name = chip.replace("Apple ", "")
+    return APPLE_BANDWIDTH.get(name)
+
+
+# -- timing and output -------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress bar on standard error for one table: what runs, how far along, time left (from
+    the pace so far). Standard output keeps the tables alone."""
+
+    def __init__(self, table: str, total: int, width: int = 24):
+        self.table, self.total, self.width = table, max(total, 1), width
+        self.done, self.start = 0, time.perf_counter()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        end = "\n" if self.done >= self.total or not sys.stderr.isatty() else ""
+        sys.stderr.write(f"\r{self.table} [{bar}] {self.done}/{self.total} {what}: "
+                         f"{elapsed:.0f} s, about {left:.0f} s left\x1b[K{end}")
+        sys.stderr.flush()
+
+
+def median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of `fn()` in milliseconds; fn must evaluate what it computes."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def markdown(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(script: str, args, payload: dict) -> Path:
+    folder = results_folder(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{script}.json"
+    out.write_text(json.dumps(payload, indent=2, ensure_ascii=False))
+    return out
+
+
+def header(title: str, machine_info: dict, settings: dict) -> str:
+    """The table's title, the machine, the software, the model files and the settings."""
+    m = machine_info
+    settings = dict(settings)
+    files = settings.pop("files", {})
+    lines = [f"## {title}", "", f"Machine: {m['chip']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}",
+             f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}"]
+    for role, entries in files.items():
+        named = [f"{e['file']} ({e['sha256'][:12]})" if "sha256" in e else f"{e['file']} ({e['error']})" for e in entries]
+        lines.append(f"Files ({role}): " + ", ".join(named))
+    lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), ""]
+    return "\n".join(lines)

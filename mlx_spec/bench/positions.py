@@ -1,0 +1,98 @@
+"""The 1-vs-N-position table: what one target pass over N new positions costs, next to one
+position, at several context lengths; and what g drafter steps cost (C_g).
+
+    mlx-spec bench positions --model mlx-community/gemma-4-e2b-it-4bit \
+        --drafter mlx-community/gemma-4-E2B-it-assistant-bf16
+    mlx-spec bench positions --random-weights              # E2B shapes, no download
+    mlx-spec bench positions --random-weights --shape 31b  # or e4b, 26b-a4b, 12b: each size's shapes
+    mlx-spec bench positions --random-weights --shape small  # for MLX on a CPU
+"""
+
+import mlx.core as mx
+
+from .common import arguments, chip_bandwidth, header, machine, markdown, median_ms, parse, Progress, write_json
+from .models import build_engine, describe_models, weight_bytes_per_pass
+from ..decoder import SequenceState
+from ..drafting import DraftContext
+from ..sampling import SamplingSettings
+from ..target import trim_cache
+
+POSITIONS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
+SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (docs/design.md, section 5)
+
+
+def prefilled(engine, context: int) -> SequenceState:
+    """A sequence with `context` random tokens in the target's caches."""
+    state = SequenceState(engine.target)
+    tokens = mx.random.randint(0, engine.target.vocab_size, (context + 1,)).tolist()
+    engine.decoder(mtp=False).add_tokens(state, tokens)
+    return state
+
+
+def time_target(engine, state: SequenceState, n: int, repeats: int) -> float:
+    """One pass over n new positions, fully evaluated (logits of all n), then cut back."""
+    tokens = mx.random.randint(0, engine.target.vocab_size, (1, n))
+
+    def one_pass():
+        logits, hidden = engine.target.forward(tokens, state.cache)
+        mx.eval(logits, hidden)
+        trim_cache(state.cache, n)
+
+    return median_ms(one_pass, repeats)
+
+
+def time_drafter(engine, state: SequenceState, g: int, repeats: int) -> float:
+    """g MTP draft steps over the target's caches, fully evaluated."""
+    drafter = engine.mtp_drafter
+    context = DraftContext(
+        tokens=state.tokens, last_token=mx.array([[state.tokens[-1]]]), hidden=state.hidden,
+        kv=engine.target.drafter_buffers(state.cache), settings=SamplingSettings(), uniforms=mx.zeros((g,)),
+    )
+    return median_ms(lambda: mx.eval(drafter.draft(context, g).tokens), repeats)
+
+
+def main(argv=None):
+    parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench positions")
+    parser.add_argument("--contexts", default="128,1024,4096", help="context lengths, comma separated")
+    args = parse(parser, argv, quick=dict(contexts="128,1024"))
+    engine = build_engine(args)
+    info = machine()
+    weight_bytes = weight_bytes_per_pass(engine.target)
+    bandwidth = chip_bandwidth(info["chip"]) if info["metal"] else None
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results = {"machine": info, "models": describe_models(args), "repeats": args.repeats,
+               "weight_bytes_per_pass": weight_bytes, "target": [], "drafter": []}
+    print(header("Target pass over N new positions", info, {"repeats": args.repeats, **results["models"]}))
+    progress = Progress("positions", len(contexts) * len(POSITIONS) + (8 if engine.mtp_drafter is not None else 0))
+    for context in contexts:
+        state = prefilled(engine, context)
+        rows, one = [], None
+        for n in POSITIONS:
+            ms = time_target(engine, state, n, args.repeats)
+            progress.step(f"context {context}, {n} positions")
+            one = one or ms
+            gbs = weight_bytes / ms / 1e6
+            row = {"context": context, "positions": n, "ms": ms, "ratio": ms / one, "gb_per_s": gbs}
+            if bandwidth:
+                row["bandwidth_share"] = gbs / bandwidth
+            results["target"].append(row)
+            rows.append([context, n, f"{ms:.2f}", f"{ms / one:.2f}", f"{gbs:.1f}",
+                         f"{100 * gbs / bandwidth:.0f}%" if bandwidth else "-", SEED_MS.get(n, "")])
+        print(markdown(["context", "positions", "ms", "ratio to 1", "weights GB/s", "of chip bandwidth", "seed ms (M5, transformers)"], rows))
+        print()
+        if engine.mtp_drafter is not None and context == contexts[0]:
+            drows = []
+            for g in range(1, 9):
+                ms = time_drafter(engine, state, g, args.repeats)
+                progress.step(f"{g} drafter steps")
+                results["drafter"].append({"context": context, "steps": g, "ms": ms, "c_g": ms / one})
+                drows.append([g, f"{ms:.2f}", f"{ms / one:.2f}"])
+            print(f"Drafter steps at context {context} (C_g = their time / one target position)\n")
+            print(markdown(["g", "ms", "C_g"], drows))
+            print()
+    print(f"Weights read per target pass: {weight_bytes / 1e9:.3f} GB")
+    print(f"JSON: {write_json('positions', args, results)}")
+
+
+if __name__ == "__main__":
+    main()

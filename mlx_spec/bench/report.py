@@ -1,0 +1,186 @@
+"""The benchmark report: plots of every table a run wrote, in one HTML file that works offline
+(the pictures are embedded), next to the JSON and markdown; each plot is also saved as a PNG
+in `plots/`, for a README or an issue.
+
+matplotlib is an optional extra (`pip install "mlx-spec[bench]"`); without it the report holds
+the tables alone and says how to get the plots.
+"""
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead"]
+PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
+
+
+def write(folder: Path) -> Path:
+    """report.html in `folder`, from the tables' JSON and markdown found there."""
+    folder = Path(folder)
+    plot = _plotter()
+    sections = []
+    for table in TABLES:
+        data_file = folder / f"{table}.json"
+        if not data_file.is_file():
+            continue
+        data = json.loads(data_file.read_text())
+        text = (folder / f"{table}.md").read_text() if (folder / f"{table}.md").is_file() else ""
+        images = [plot(title, draw, caption(data)) for title, draw in FIGURES[table](data)] if plot else []
+        for i, (_, png) in enumerate(images, 1):
+            (folder / "plots").mkdir(exist_ok=True)
+            (folder / "plots" / f"{table}-{i}.png").write_bytes(base64.b64decode(png))
+        sections.append(_section(table, images, text))
+    note = "" if plot else f"<p><b>{html.escape(PLOTS_MISSING)}</b></p>"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlx-spec bench</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
+img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}}</style></head>
+<body><h1>mlx-spec bench</h1>{note}{''.join(sections)}</body></html>"""
+    out = folder / "report.html"
+    out.write_text(page)
+    return out
+
+
+def have_plots() -> bool:
+    return _plotter() is not None
+
+
+def _section(table: str, images: List[str], text: str) -> str:
+    pictures = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{b}">' for t, b in images)
+    return f"<h2>{html.escape(table.replace('_', ' '))}</h2>{pictures}<pre>{html.escape(text)}</pre>"
+
+
+def _plotter() -> Optional[Callable]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display: files only
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+
+    def plot(title: str, draw: Callable, note: str) -> tuple:
+        figure, axes = plt.subplots(figsize=(7.5, 4.4))
+        draw(axes)
+        axes.set_title(title)
+        figure.text(0.01, 0.005, note, fontsize=7, color="dimgrey")
+        axes.grid(alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=8)
+        buffer = io.BytesIO()
+        figure.tight_layout(rect=(0, 0.03, 1, 1))
+        figure.savefig(buffer, format="png", dpi=110)
+        plt.close(figure)
+        return title, base64.b64encode(buffer.getvalue()).decode()
+
+    return plot
+
+
+def caption(data: dict) -> str:
+    """What a plot was measured on: the machine, MLX's device and the target."""
+    m, models = data.get("machine", {}), data.get("models") or {}
+    target = models.get("target", "E2B's structure at narrow widths, random weights")
+    return f"{m.get('chip', '?')}, mlx {m.get('mlx', '?')} ({m.get('device', '?')}); target: {target}"
+
+
+# -- one function per table: [(title, draw(axes)), ...] ----------------------------------------
+
+
+def _positions(data: dict) -> list:
+    def draw(ax):
+        for context in sorted({r["context"] for r in data["target"]}):
+            rows = [r for r in data["target"] if r["context"] == context]
+            ax.plot([r["positions"] for r in rows], [r["ratio"] for r in rows], marker="o", label=f"context {context}")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.plot([7], [70 / 56], marker="*", ms=12, ls="", color="black", label="seed, M5 (7 vs 1: 70 / 56 ms)")
+        ax.set_xlabel("new positions in one target pass")
+        ax.set_ylabel("time / time of one position")
+
+    return [("The cost of N positions against one", draw)]
+
+
+def _acceptance(data: dict) -> list:
+    runs = data["runs"]
+    figures = []
+    for sampling in dict.fromkeys(r["sampling"] for r in runs):
+        chosen = [r for r in runs if r["sampling"] == sampling]
+
+        def peers(ax, chosen=chosen):
+            names = [r["workload"] for r in chosen]
+            series = [("mlx-lm", lambda r: r["mlx_lm"]["tps"]), ("MTP off", lambda r: r["mtp_off"]["tps"]),
+                      ("MTP g = 6", lambda r: r["mtp_on"]["tps"]), ("mlx-spec default", lambda r: r["default"]["tps"])]
+            if any("mlx_vlm" in r for r in chosen):
+                series.append(("mlx-vlm MTP", lambda r: r.get("mlx_vlm", {}).get("tps", 0)))
+            width = 0.8 / len(series)
+            for i, (label, value) in enumerate(series):
+                ax.bar([j + i * width for j in range(len(names))], [value(r) for r in chosen], width, label=label)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=15, fontsize=8)
+            ax.set_ylabel("tokens / s")
+
+        def by_position(ax, chosen=chosen):
+            for r in chosen:
+                rates = position_acceptance(r["mtp_on"])
+                ax.plot(range(1, len(rates) + 1), rates, marker="o", label=r["workload"])
+            ax.set_xlabel("guess position in the cycle")
+            ax.set_ylabel("share of cycles keeping it")
+            ax.set_ylim(0, 1.05)
+
+        figures += [(f"tok/s per workload ({sampling} sampling)", peers),
+                    (f"Acceptance by guess position ({sampling} sampling, g = 6)", by_position)]
+    return figures
+
+
+def position_acceptance(run: dict) -> List[float]:
+    """Per guess position i: the cycles that kept guess i over the cycles that drafted it."""
+    drafted_at: Dict[int, int] = {}
+    for g, cycles in run.get("cycles_by_g", {}).items():
+        for i in range(1, int(g) + 1):
+            drafted_at[i] = drafted_at.get(i, 0) + cycles
+    kept = run.get("kept_by_position", [])
+    return [kept[i - 1] / drafted_at[i] if drafted_at.get(i) else 0.0 for i in range(1, len(kept) + 1)]
+
+
+def _draft_length(data: dict) -> list:
+    def draw(ax):
+        for workload in data["workloads"]:
+            g = [e["g"] for e in workload["by_g"]]
+            line, = ax.plot(g, [e["measured_speedup"] for e in workload["by_g"]], marker="o", label=workload["workload"])
+            ax.plot(g, [e["predicted_speedup"] for e in workload["by_g"]], ls="--", color=line.get_color())
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xlabel("draft length g (dashed: predicted E / (R_g + C_g))")
+        ax.set_ylabel("speed-up over g = 0")
+
+    return [("Speed-up by draft length, measured and predicted", draw)]
+
+
+def _controlled(data: dict) -> list:
+    def draw(ax):
+        a = [s["acceptance"] for s in data["sweep"]]
+        ax.plot(a, [s["measured_speedup"] for s in data["sweep"]], marker="o", label=f"measured, g = {data['g']}")
+        ax.plot(a, [s["predicted_speedup"] for s in data["sweep"]], ls="--", label="predicted E / (R + C)")
+        off = data["mtp_off_tps"]
+        if off:
+            ax.plot(a, [s["adaptive_tps"] / off for s in data["sweep"]], marker="s", label="adaptive g")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xlabel("acceptance a (each guess right with probability a)")
+        ax.set_ylabel("speed-up over MTP off")
+
+    return [("Controlled acceptance against its prediction", draw)]
+
+
+def _overhead(data: dict) -> list:
+    def draw(ax):
+        build = {int(k): ms for k, ms in data["build_ms"].items()}  # JSON keys are strings
+        g = sorted(build)
+        ax.plot(g, [build[k] for k in g], marker="o", label="mlx-spec cycle build")
+        ax.axhline(data["mlx_lm_build_ms"], color="grey", ls="--", label="mlx-lm, one token")
+        ax.set_xlabel("draft length g")
+        ax.set_ylabel("host ms to build the graph")
+
+    return [("Host cost of building one cycle", draw)]
+
+
+FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
+           "controlled": _controlled, "overhead": _overhead}
