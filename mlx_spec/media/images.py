@@ -1,0 +1,101 @@
+"""Images as Gemma 4's vision tower takes them, as transformers' PIL image processor
+(`Gemma4ImageProcessorPil`) makes them: RGB, resized with their aspect ratio kept to the
+largest size within the patch budget whose sides are multiples of a pooled patch, rescaled to
+[0, 1], and cut into patches with their (x, y) positions.
+
+The budget is `max_soft_tokens` soft tokens per image (70, 140, 280, 560 or 1120; the
+checkpoints' default is 280); each soft token pools `pooling_kernel_size`² patches.
+"""
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Tuple, Union
+
+import numpy as np
+
+from .audio import MediaError
+
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+
+
+@dataclass
+class ImagePatches:
+    pixels: np.ndarray  # [patches, patch_size² · 3] float32 in [0, 1], row by row of patches
+    positions: np.ndarray  # [patches, 2] int: (x, y) of each patch
+    soft_tokens: int  # patches / pooling_kernel_size²: the image's tokens in the prompt
+
+
+def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
+    """A PIL image in RGB from a path, encoded bytes, an array (H, W[, C], uint8) or a PIL image."""
+    Image, UnidentifiedImageError = _pillow()
+
+    try:
+        if isinstance(source, Image.Image):
+            image = source
+        elif isinstance(source, (bytes, bytearray)):
+            image = Image.open(io.BytesIO(source))
+        elif isinstance(source, np.ndarray):
+            if source.dtype != np.uint8 or source.ndim not in (2, 3):
+                raise MediaError(f"an image array must be uint8 of shape (H, W) or (H, W, C), got {source.dtype} "
+                                 f"{source.shape}")
+            image = Image.fromarray(source)
+        else:
+            path = Path(source).expanduser()
+            if not path.is_file():
+                raise MediaError(f"image {source}: no such file")
+            image = Image.open(path)
+        image.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise MediaError(f"not an image Pillow can read ({e})") from None
+    return image.convert("RGB")
+
+
+def _pillow():
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise MediaError("images need Pillow: pip install pillow") from None
+    return Image, UnidentifiedImageError
+
+
+def target_size(height: int, width: int, patch_size: int, max_patches: int, pooling: int) -> Tuple[int, int]:
+    """The largest (height, width) with the image's aspect ratio, at most `max_patches` patches,
+    and sides that are multiples of `pooling · patch_size` (transformers' rule, edge cases
+    included: a very thin image keeps one pooled patch on its short side)."""
+    target_px = max_patches * patch_size**2
+    factor = math.sqrt(target_px / (height * width))
+    side = pooling * patch_size
+    out_h = int(math.floor(factor * height / side)) * side
+    out_w = int(math.floor(factor * width / side)) * side
+    if out_h == 0 and out_w == 0:
+        raise MediaError(f"a {width}x{height} image is too small to resize to patches of {side} pixels")
+    longest = (max_patches // pooling**2) * side
+    if out_h == 0:
+        out_h, out_w = side, min(int(math.floor(width / height)) * side, longest)
+    elif out_w == 0:
+        out_h, out_w = min(int(math.floor(height / width)) * side, longest), side
+    if out_h * out_w > target_px:
+        raise MediaError(f"a {width}x{height} image does not fit {max_patches} patches of {patch_size} pixels")
+    return out_h, out_w
+
+
+def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooling_kernel_size: int = 3) -> ImagePatches:
+    """The patches of one image (see the module's docstring), without padding."""
+    if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
+        raise MediaError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}, got {max_soft_tokens}")
+    Image, _ = _pillow()
+    image = read_image(image)
+    max_patches = max_soft_tokens * pooling_kernel_size**2
+    height, width = target_size(image.height, image.width, patch_size, max_patches, pooling_kernel_size)
+    if (height, width) != (image.height, image.width):
+        image = image.resize((width, height), resample=Image.Resampling.BICUBIC)
+    # Rescaled in float64 and stored as float32, as transformers' rescale does.
+    pixels = (np.asarray(image, dtype=np.float64) * (1 / 255)).astype(np.float32)  # [H, W, 3]
+    rows, cols = height // patch_size, width // patch_size
+    patches = pixels.reshape(rows, patch_size, cols, patch_size, 3).transpose(0, 2, 1, 3, 4)
+    patches = patches.reshape(rows * cols, patch_size * patch_size * 3)
+    grid_x, grid_y = np.meshgrid(np.arange(cols), np.arange(rows), indexing="xy")
+    positions = np.stack([grid_x, grid_y], axis=-1).reshape(rows * cols, 2)
+    return ImagePatches(patches, positions, rows * cols // pooling_kernel_size**2)

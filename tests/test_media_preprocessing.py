@@ -1,0 +1,138 @@
+"""Images and audio become the arrays transformers' own processors make: its PIL image processor
+(`Gemma4ImageProcessorPil`; the torchvision one would replace the pinned torch) and its audio
+feature extractor, on several sizes, shapes and lengths; the audio token count is the
+processor's rule."""
+
+import io
+import wave
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mlx_spec.media import MediaError, audio_features, audio_tokens, image_patches, read_image, read_wav
+
+# (width, height): square, wide, tall, tiny, larger than the budget, thin enough for the edge rule.
+SIZES = [(224, 224), (640, 360), (300, 800), (50, 40), (1600, 1200), (1000, 30), (20, 700)]
+
+
+def picture(width, height, seed=0):
+    """A photo-like image: smooth gradients plus noise, so resampling has something to do."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(width, 1), y * 255 / max(height, 1), (x + y) % 256], axis=-1)
+    return Image.fromarray(np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("budget", [70, 280, 1120])
+def test_image_patches_equal_transformers(size, budget):
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    image = picture(*size, seed=size[0])
+    expected = Gemma4ImageProcessorPil(max_soft_tokens=budget)(image, return_tensors="np")
+    ours = image_patches(image, max_soft_tokens=budget)
+    n = ours.pixels.shape[0]
+    assert ours.soft_tokens == expected["num_soft_tokens_per_image"][0]
+    assert ours.pixels.dtype == expected["pixel_values"].dtype
+    assert np.array_equal(ours.pixels, expected["pixel_values"][0, :n])
+    assert np.array_equal(ours.positions, expected["image_position_ids"][0, :n])
+    assert (expected["image_position_ids"][0, n:] == -1).all()  # the rest is transformers' padding
+
+
+def test_images_from_every_source_are_the_same_image(tmp_path):
+    image = picture(120, 90)
+    path = tmp_path / "p.png"
+    image.save(path)
+    encoded = io.BytesIO()
+    image.save(encoded, format="PNG")
+    rgba = image.convert("RGBA")
+    for source in (path, str(path), encoded.getvalue(), np.asarray(image), rgba):
+        assert np.array_equal(np.asarray(read_image(source)), np.asarray(image))
+
+
+def test_bad_images_are_refused_by_name(tmp_path):
+    with pytest.raises(MediaError, match=r"no such file"):
+        read_image(tmp_path / "missing.png")
+    with pytest.raises(MediaError, match=r"not an image Pillow can read"):
+        read_image(b"certainly not a PNG")
+    with pytest.raises(MediaError, match=r"uint8 of shape"):
+        read_image(np.zeros((4, 4, 3), dtype=np.float32))
+    with pytest.raises(MediaError, match=r"image_tokens must be one of 70, 140, 280, 560, 1120"):
+        image_patches(picture(64, 64), max_soft_tokens=100)
+
+
+def speech(seconds, seed=0):
+    """A voice-like clip: a few harmonics that glide, with noise, in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16_000)) / 16_000
+    f0 = 140 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / 16_000
+    clip = sum(np.sin(k * phase) / k for k in range(1, 6)) * 0.3 + rng.normal(0, 0.02, t.size)
+    return clip.astype(np.float32)
+
+
+# Lengths in samples: a multiple of 128 and not, shorter than a frame's worth after padding, and
+# longer than the 30 s the extractor keeps.
+@pytest.mark.parametrize("samples", [16_000, 16_001, 12_345, 700, 48_000 * 3 + 17, 490_000])
+def test_audio_features_equal_transformers(samples):
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+    clip = speech(samples / 16_000, seed=samples)[:samples]
+    expected = Gemma4AudioFeatureExtractor()([clip], return_tensors="np")  # a batch of one, as the processor passes it
+    ours = audio_features(clip)
+    assert np.array_equal(ours.mask, expected["input_features_mask"][0])
+    assert ours.features.dtype == np.float32
+    assert np.array_equal(ours.features, expected["input_features"][0])
+
+
+@pytest.mark.parametrize("samples", [1, 160, 161, 320, 16_000, 16_001, 480_000, 800_000])
+def test_audio_token_count_is_the_processor_s(samples):
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
+
+    processor = SimpleNamespace(feature_extractor=Gemma4AudioFeatureExtractor(), audio_seq_length=750)
+    expected = Gemma4Processor._compute_audio_num_tokens(processor, np.zeros(samples), 16_000)
+    assert audio_tokens(samples) == expected
+
+
+def wav_bytes(samples: np.ndarray, rate=16_000, channels=1, width=2) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels), w.setsampwidth(width), w.setframerate(rate)
+        scale = 2 ** (8 * width - 1) - 1
+        ints = np.round(np.repeat(samples[:, None], channels, axis=1) * scale)
+        if width == 1:
+            data = (ints + 128).astype(np.uint8).tobytes()
+        elif width == 3:
+            data = b"".join(int(v).to_bytes(3, "little", signed=True) for v in ints.reshape(-1))
+        else:
+            data = ints.astype(np.int16 if width == 2 else np.int32).tobytes()
+        w.writeframes(data)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_wav_files_read_as_mono_16k(width, channels, tmp_path):
+    clip = speech(0.05)
+    path = tmp_path / "a.wav"
+    path.write_bytes(wav_bytes(clip, channels=channels, width=width))
+    for source in (path, path.read_bytes()):
+        read = read_wav(source)
+        assert read.dtype == np.float32 and read.shape == clip.shape
+        assert np.abs(read - clip).max() <= 2.0 / 2 ** (8 * width - 1) + 1e-6
+
+
+def test_bad_audio_is_refused_by_name(tmp_path):
+    with pytest.raises(MediaError, match=r"no such file"):
+        read_wav(tmp_path / "missing.wav")
+    with pytest.raises(MediaError, match=r"not a PCM WAV file.*convert to 16 kHz WAV"):
+        read_wav(b"RIFF....not a wave at all")
+    with pytest.raises(MediaError, match=r"audio at 44100 Hz: Gemma 4 takes 16000 Hz"):
+        read_wav(wav_bytes(speech(0.01), rate=44_100))
+    with pytest.raises(MediaError, match=r"the audio is empty"):
+        audio_features(np.zeros(0))
+    with pytest.raises(MediaError, match=r"not finite"):
+        audio_features(np.array([0.0, np.nan] * 200))
