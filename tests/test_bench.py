@@ -275,3 +275,9 @@ def test_the_header_names_the_model_files_by_their_sha256(checkpoints, tmp_path)
     (blobs / name).write_bytes(b"not read")
     os.symlink(blobs / name, snapshot / "model.safetensors")
     assert sha256(snapshot / "model.safetensors") == name
+    # A local file is read once per process, and again once it changes.
+    local = tmp_path / "local.safetensors"
+    local.write_bytes(b"one")
+    assert sha256(local) == sha256(local) == hashlib.sha256(b"one").hexdigest()
+    local.write_bytes(b"other, longer")
+    assert sha256(local) == hashlib.sha256(b"other, longer").hexdigest()

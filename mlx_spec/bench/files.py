@@ -2,6 +2,7 @@
 apart by the weights they ran and not only by a repository name that may have moved on."""
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -27,8 +28,14 @@ def model_files(folder: Path) -> List[dict]:
 
 def sha256(file: Path) -> str:
     """The file's sha256. huggingface-hub stores a downloaded weight file as a blob named by its
-    sha256; that name is used rather than reading gigabytes again."""
+    sha256; that name is used rather than reading gigabytes again. A local folder's files are
+    read once per process (`mlx-spec bench all` names them in every table)."""
     real = file.resolve()
+    return _digest(real, real.stat().st_size, real.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _digest(real: Path, size: int, mtime_ns: int) -> str:  # size and mtime: a changed file is read again
     if real.parent.name == "blobs" and len(real.name) == 64 and all(c in "0123456789abcdef" for c in real.name):
         return real.name
     digest = hashlib.sha256()
