@@ -58,8 +58,8 @@ def folder_of(argv: Sequence[str]) -> Path:
     raise ValueError("no --out in the arguments")
 
 
-def run(table: str, argv: Sequence[str]) -> Path:
-    """One table into its folder (JSON, markdown) and the report; returns the folder."""
+def run(table: str, argv: Sequence[str], draw: bool = True) -> Path:
+    """One table into its folder (JSON, markdown) and, with `draw`, the report; returns the folder."""
     if table not in TABLES:
         raise SystemExit(f"unknown table {table!r}; the tables are {', '.join(TABLES)}, and all")
     argv = with_folder(argv)
@@ -69,9 +69,14 @@ def run(table: str, argv: Sequence[str]) -> Path:
         module.main(argv)
     folder = folder_of(argv)
     (folder / f"{TABLES[table]}.md").write_text(tee.copy.getvalue())
+    if draw:
+        _draw(folder)
+    return folder
+
+
+def _draw(folder: Path) -> None:
     written = report.write(folder)
     print(f"Report: {written}" + ("" if report.have_plots() else f" (tables only; {report.PLOTS_MISSING})"))
-    return folder
 
 
 def run_all(argv: Sequence[str]) -> Path:
@@ -84,8 +89,9 @@ def run_all(argv: Sequence[str]) -> Path:
     start = time.perf_counter()
     for i, table in enumerate(TABLES, 1):
         print(f"\n# [{i}/{len(TABLES)}] {table} ({time.perf_counter() - start:.0f} s so far)\n", file=sys.stderr)
-        run(table, _for_table(table, argv))
+        run(table, _for_table(table, argv), draw=False)  # the report is drawn once, at the end
     folder = folder_of(argv)
+    _draw(folder)
     print("\n" + summary(folder))
     return folder
 
