@@ -18,6 +18,7 @@ import mlx.core as mx
 from .cycle import Cycle, CycleBuilder
 from .drafting import Drafter, as_drafter
 from .gemma4 import MAX_DRAFT_TOKENS
+from .media.items import MediaSpan
 from .pipeline import Outcome, Pipeline
 from .policy import AcceptanceStats, AdaptiveDraftLength, FixedDraftLength
 from .reports import TokenReport, build_reports
@@ -77,16 +78,16 @@ class Decoder:
         self.stats = Stats()
         self.pipeline = Pipeline(self.builder, self.policy, drafter, self.stats, self.stop_tokens)
 
-    def start(self, state: SequenceState, tokens: List[int]) -> None:
+    def start(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = ()) -> None:
         """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
         prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
         target, and the point is marked for the next turn to come back to. (Whether the
         prompt and its answer fit the context is the request path's to check: generation.py.)"""
-        held = state.rewind(tokens)
-        self.add_tokens(state, tokens[held:])
+        held = state.rewind(tokens, spans)
+        self.add_tokens(state, tokens[held:], spans)
         state.mark()
 
-    def add_tokens(self, state: SequenceState, tokens: List[int]) -> None:
+    def add_tokens(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = ()) -> None:
         """Append prompt tokens: all but the last go through the target now (in chunks). The
         tokens generated after them are a new answer (its uniforms start again at index 0). If
         the target fails on them, the state is emptied: its caches may be half written."""
@@ -98,7 +99,8 @@ class Decoder:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         start = time.perf_counter()
         reused = state.cached
-        processed = state.add_prompt(tokens, self.prefill_chunk)
+        processed = state.add_prompt(tokens, self.prefill_chunk, spans)
+        self.stats.media_tokens += sum(s.item.tokens for s in state.spans if s.start >= reused)
         self.stats.prompt_reused += reused
         self.stats.prompt_tokens += processed
         self.stats.prompt_seconds += time.perf_counter() - start

@@ -25,6 +25,10 @@ from .loading import (
     load_target,
     load_tokenizer,
 )
+from .media.audio import MediaError
+from .media.items import IMAGE, Prepared
+from .media.loading import check_kind, load_media
+from .media.prompt import expand, has_media, split_media
 from .memory import DEFAULT_CONTEXT
 from .memory import check as check_memory
 from .options import Options, make
@@ -32,7 +36,7 @@ from .reports import TokenReport
 from .sampling import SettingsError
 from .target import Target
 
-Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]]]
+Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]], Prepared]
 
 
 class Engine:
@@ -46,6 +50,7 @@ class Engine:
         stop_tokens: Sequence[int],
         target_path: Optional[Path] = None,
         drafter_path: Optional[Path] = None,
+        target_config: Optional[dict] = None,
     ):
         self.target = target
         self.assistant = assistant
@@ -53,6 +58,8 @@ class Engine:
         self.stop_tokens = sorted(set(stop_tokens))
         self.target_path = target_path
         self.drafter_path = drafter_path
+        self.target_config = target_config or {}
+        self.media = None  # the media encoder, loaded with the first image or audio (media_encoder())
         self.mtp_drafter = MTPDrafter(assistant, target) if assistant is not None else None
         self.lookup = PromptLookup()
 
@@ -66,12 +73,45 @@ class Engine:
             return list(self._require_tokenizer("a text prompt").encode(prompt))
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if prompt and all(isinstance(m, dict) for m in prompt):
-            return list(self._chat_tokenizer().apply_chat_template(
-                for_template(prompt), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking)
-            ))
+            if has_media(prompt):
+                raise SettingsError("these messages have images or audio: use prepare() for their tokens and media")
+            return self._chat_tokens(prompt, tools, thinking)
         if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
             return [int(t) for t in prompt]
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
+
+    def prepare(self, prompt: Prompt, tools: Optional[List[dict]] = None, thinking: bool = False,
+                image_tokens: Optional[int] = None, allow_files: bool = True) -> Prepared:
+        """Token ids for a prompt, as `encode`, and its media: each image or audio part of the
+        messages becomes its begin marker, soft tokens and end marker, and a span that puts the
+        media encoder's embeddings there at prefill. `image_tokens`: soft tokens per image (70,
+        140, 280, 560 or 1120; the checkpoint's default when None). `allow_files`: whether a
+        part may name a local file (the server allows it only when told to)."""
+        if isinstance(prompt, Prepared):
+            return prompt
+        if not _is_messages(prompt) or not has_media(prompt):
+            return Prepared(self.encode(prompt, tools, thinking), [])
+        messages, sources = split_media(list(prompt), allow_files)
+        encoder = self.media_encoder()
+        items = []
+        for source in sources:
+            check_kind(encoder, source.kind, self.target_path)
+            try:
+                items.append(encoder.image(source.value, image_tokens) if source.kind == IMAGE
+                             else encoder.audio(source.value))
+            except MediaError as e:
+                raise MediaError(f"{source.where}: {e}") from None
+        return Prepared(*expand(self._chat_tokens(messages, tools, thinking), items, encoder.tokens, encoder.embed))
+
+    def _chat_tokens(self, messages: List[dict], tools: Optional[List[dict]], thinking: bool) -> List[int]:
+        return list(self._chat_tokenizer().apply_chat_template(
+            for_template(messages), tools=tools, add_generation_prompt=True, enable_thinking=bool(thinking)))
+
+    def media_encoder(self):
+        """The checkpoint's media encoder, loaded the first time it is needed."""
+        if self.media is None:
+            self.media = load_media(self.target_path, self.target_config)
+        return self.media
 
     def render(self, prompt: Prompt, tools: Optional[List[dict]] = None, thinking: bool = False) -> Optional[str]:
         """The text `encode` tokenizes (messages through the chat template); None for token ids.
@@ -227,13 +267,15 @@ def load(
     drafter_mode: Optional[str] = None,
     context: int = DEFAULT_CONTEXT,
     force: bool = False,
+    media: bool = False,
 ) -> Engine:
     """Load the Gemma 4 target and (unless `drafter` is None) its MTP assistant.
 
     `model`: a size by name (e2b, e4b, 26b-a4b, 31b, 12b: the 4-bit MLX conversion), a hub repo id or
     a local folder. `drafter`: "auto" (the assistant of the target's size), a size by name, a hub
     id or a folder. `drafter_bits` (4 or 8) and `drafter_mode` (affine, mxfp4, mxfp8, nvfp4)
-    quantize the drafter after loading. Before anything is downloaded, the memory the pair needs
+    quantize the drafter after loading. `media=True` loads the image and audio encoders now
+    (by default, with the first prompt that has media: text prompts never pay for them). Before anything is downloaded, the memory the pair needs
     with `context` tokens is compared with this machine's; `force=True` loads it anyway. Raises
     `LoadError` with a message naming the problem.
     """
@@ -253,7 +295,14 @@ def load(
     stop |= set(_ids((target_ckpt.config.get("text_config") or {}).get("eos_token_id")))
     if tokenizer is not None:
         stop |= set(tokenizer.eos_token_ids)
-    return Engine(target, assistant, tokenizer, stop, target_ckpt.path, drafter_path)
+    engine = Engine(target, assistant, tokenizer, stop, target_ckpt.path, drafter_path, target_ckpt.config)
+    if media:
+        engine.media_encoder().load()
+    return engine
+
+
+def _is_messages(prompt: Prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
 def _ids(value) -> List[int]:

@@ -82,12 +82,12 @@ class Generation:
         length in tokens. A prompt that cannot fit changes nothing."""
         if self.prompt_tokens is not None:
             return self.prompt_tokens
-        tokens = self.engine.encode(self.prompt, self.tools, self.options.thinking)
+        tokens, spans = self.engine.prepare(self.prompt, self.tools, self.options.thinking, self.options.image_tokens)
         self.limit = tokens_to_generate(len(tokens), self.options, self.engine.context_length)
         if self.state is None:
-            self.state = self.cache.take(tokens)[0] if self.cache is not None else SequenceState(self.engine.target)
+            self.state = self.cache.take(tokens, spans)[0] if self.cache is not None else SequenceState(self.engine.target)
         try:
-            self.decoder.start(self.state, tokens)
+            self.decoder.start(self.state, tokens, spans)
         except BaseException:
             self.cache = None  # a failed prompt's sequence never goes back to the prompt cache
             raise

@@ -157,7 +157,7 @@ def load_target(path_or_repo: str) -> Tuple[Target, Checkpoint]:
         model, _ = load_model(path, model_config=overrides, get_model_classes=_target_classes)
     except (ValueError, RuntimeError) as e:
         raise _mlx_error("target", path, e) from None
-    return Target(model), ckpt
+    return Target(model, images_attend_both_ways=text.get("use_bidirectional_attention") == "vision"), ckpt
 
 
 def _target_classes(config: dict):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Tuple
 
 from .gemma4 import MAX_DRAFT_TOKENS
+from .media.images import SOFT_TOKEN_BUDGETS
 from .sampling import SamplingSettings, SettingsError, is_integer
 
 
@@ -28,6 +29,7 @@ class Options:
     # True: a max_tokens the context cannot hold is cut to what it leaves (a chat turn, a server
     # request that named no max_tokens); False: it is refused.
     fit_context: bool = False
+    image_tokens: Optional[int] = None  # soft tokens per image (70, 140, 280, 560, 1120); None: 280
     drafter: Any = field(default=None, compare=False)  # any object with draft(context, g)
 
     def __post_init__(self):
@@ -42,6 +44,9 @@ class Options:
         if not all(isinstance(s, str) and s for s in stop):
             raise SettingsError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         object.__setattr__(self, "stop", stop)
+        if self.image_tokens is not None and self.image_tokens not in SOFT_TOKEN_BUDGETS:
+            raise SettingsError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}, "
+                                f"got {self.image_tokens!r}")
         if self.mtp is not None and not isinstance(self.mtp, bool):
             raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
 

@@ -2,11 +2,13 @@
 
 An agent sends the whole conversation again with every request. The cache keeps the sequences
 of recent requests (their caches and marks); a new prompt resumes the one it shares the
-longest token prefix with (`SequenceState.rewind`), so only what follows goes through the
+longest prefix with (the same tokens and media: `SequenceState.rewind`), so only what follows goes through the
 target. Memory is bounded: the least recently used sequences go first.
 """
 
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
+
+from .media.items import MediaSpan
 
 from .sequence import SequenceState
 from .target import Target
@@ -21,19 +23,19 @@ class PromptCache:
         self.max_sequences = max_sequences
         self.sequences: List[SequenceState] = []  # least recently used first
 
-    def take(self, tokens: List[int]) -> Tuple[SequenceState, int]:
+    def take(self, tokens: List[int], spans: Sequence[MediaSpan] = ()) -> Tuple[SequenceState, int]:
         """The sequence to decode `tokens` in, and how many of them it already holds. The
         sequence leaves the cache until it is given back.
 
         A prompt resumes the sequence that can keep the most of it, when that is at least half
         of what the sequence holds (its own conversation going on); otherwise it starts a new
         one, and a conversation that merely shares a system prompt leaves the others intact."""
-        resumable = [s.resumable(tokens) for s in self.sequences]
+        resumable = [s.resumable(tokens, spans) for s in self.sequences]
         if resumable and max(resumable) > 0:
             i = resumable.index(max(resumable))
             if 2 * resumable[i] >= len(self.sequences[i].tokens):
                 state = self.sequences.pop(i)
-                return state, state.rewind(tokens)
+                return state, state.rewind(tokens, spans)
         return SequenceState(self.target), 0
 
     def give_back(self, state: SequenceState) -> None:

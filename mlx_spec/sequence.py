@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from .cache import SlidingWindowCache
 from .gemma4 import TRIM_ALLOWANCE
+from .media.items import MediaSpan, outside_spans, shared_prefix, spans_before
 from .ngrams import NgramIndex
 from .target import Target, prefill, trim_cache
 
@@ -65,26 +66,34 @@ class SequenceState:
     def clear(self) -> None:
         self.cache = self.target.make_cache(max_trim=self.max_trim)
         self.tokens: List[int] = []
+        self.spans: List[MediaSpan] = []  # media among the tokens, positions in order
         self.hidden: Optional[mx.array] = None
         self.generated = 0  # tokens generated in the current answer, the index of the next uniform
         self.marks: List[Mark] = []
         self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
 
-    def add_prompt(self, tokens: List[int], chunk: int = 512) -> int:
+    def add_prompt(self, tokens: List[int], chunk: int = 512, spans: Sequence[MediaSpan] = ()) -> int:
         """Append prompt tokens: the last settled token and all the new ones but the last go
-        through the target now (in chunks of `chunk`); returns how many went through. The tokens
-        generated after them are a new answer (its uniforms start again at index 0). If the
-        target fails on them, the state is emptied: its caches may be half written."""
+        through the target now (in chunks of `chunk`); returns how many went through. `spans`:
+        the media of the whole prompt (positions from its start); those among the new tokens
+        put their embeddings at their soft tokens. The tokens generated after them are a new
+        answer (its uniforms start again at index 0). If the target fails on them, the state is
+        emptied: its caches may be half written."""
+        first = len(self.tokens)
+        new_spans = [s for s in spans if s.end > first]
+        if any(s.start < first or s.end >= first + len(tokens) for s in new_spans):
+            raise ValueError("a media item must lie wholly among the new prompt tokens, before the last")
         to_process = self.tokens[-1:] + list(tokens[:-1])
         if to_process:
             try:
-                hidden = prefill(self.target, mx.array([to_process]), self.cache, chunk)
+                hidden = prefill(self.target, mx.array([to_process]), self.cache, chunk, new_spans, self.cached)
                 mx.eval(hidden)
             except BaseException:
                 self.clear()
                 raise
             self.hidden = hidden
         self.tokens.extend(tokens)
+        self.spans.extend(new_spans)
         self.generated = 0
         return len(to_process)
 
@@ -136,17 +145,22 @@ class SequenceState:
         self.marks.append(Mark(len(self.tokens), sliding, self.hidden))
         del self.marks[:-MAX_MARKS]
 
-    def resumable(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens` `rewind(tokens)` would keep (nothing changes)."""
-        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+    def resumable(self, tokens: Sequence[int], spans: Sequence[MediaSpan] = ()) -> int:
+        """How many of `tokens` `rewind(tokens, spans)` would keep (nothing changes)."""
+        keep = self._keepable(tokens, spans)
         return keep if keep == len(self.tokens) else self._resume_point(keep)[0]
 
-    def rewind(self, tokens: Sequence[int]) -> int:
-        """Go back to the longest prefix of `tokens` this state can resume from, and return its
-        length. The last of `tokens` is never kept: it must go through the target again, for
-        the logits of what follows."""
-        common = common_prefix(self.tokens, tokens)
-        keep = min(common, len(tokens) - 1)
+    def _keepable(self, tokens: Sequence[int], spans: Sequence[MediaSpan]) -> int:
+        """The most of a prompt this state holds: the same tokens and media, not its last token,
+        never ending inside a media item."""
+        common = shared_prefix(self.tokens, self.spans, tokens, spans)
+        return outside_spans(min(common, len(tokens) - 1), self.spans)
+
+    def rewind(self, tokens: Sequence[int], spans: Sequence[MediaSpan] = ()) -> int:
+        """Go back to the longest prefix of `tokens` (with media `spans`) this state can resume
+        from, and return its length. The last of `tokens` is never kept: it must go through the
+        target again, for the logits of what follows."""
+        keep = self._keepable(tokens, spans)
         if keep == len(self.tokens):
             return keep
         length, mark = self._resume_point(keep)
@@ -165,6 +179,7 @@ class SequenceState:
             self.hidden = None  # unknown here; the next tokens added give it again
         self.ngrams.cut(self.tokens, length)
         del self.tokens[length:]
+        self.spans = spans_before(self.spans, length)
         self.marks = [cp for cp in self.marks if cp.length <= length]
         return length
 
@@ -179,12 +194,3 @@ class SequenceState:
                 return keep, cp
         before = [cp for cp in self.marks if cp.length <= keep]
         return (before[-1].length, before[-1]) if before else (0, None)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -9,6 +9,7 @@ from typing import Dict, List
 class Stats:
     prompt_tokens: int = 0  # prompt tokens that went through the target
     prompt_reused: int = 0  # prompt tokens whose keys and values were already in the caches
+    media_tokens: int = 0  # soft tokens of images and audio among prompt_tokens
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generation_seconds: float = 0.0

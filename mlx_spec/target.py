@@ -7,13 +7,15 @@ last non-shared sliding and full layers, which the MTP drafter reads instead of 
 """
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
 from .cache import FullCache, SlidingWindowCache
+from .media.items import MediaSpan
+from .media.prefill import chunk_bounds, hidden_with_media, inside
 from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, kv_source_layers
 from .target_pass import MAX_POSITIONS, CompiledPass
 
@@ -51,8 +53,11 @@ class SharedKV:
 class Target:
     """Gemma 4 text model (from mlx-lm) with logits, hidden states and shared K/V."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, images_attend_both_ways: bool = False):
         self.model = model
+        # use_bidirectional_attention "vision": an image's soft tokens see each other both ways
+        # on the sliding layers (media/prefill.py).
+        self.images_attend_both_ways = images_attend_both_ways
         # The multimodal wrapper (model_type gemma4) holds the text model as `language_model`.
         self.lm = getattr(model, "language_model", model)
         self.text_model = self.lm.model
@@ -143,12 +148,19 @@ def trim_cache(cache: list, n: int) -> None:
         c.trim(n)
 
 
-def prefill(target: Target, tokens: mx.array, cache: list, chunk: int = 512) -> mx.array:
-    """Feed `tokens` [1, L] to the target in chunks; return the hidden state [1, 1, H] of the
-    last position. Earlier chunks are evaluated for their cache state alone (their logits are
-    never built)."""
-    while tokens.shape[1] > chunk:
-        target.hidden(tokens[:, :chunk], cache)
-        mx.eval([c.keys for c in cache] + [c.values for c in cache])
-        tokens = tokens[:, chunk:]
-    return target.hidden(tokens, cache)[:, -1:]
+def prefill(target: Target, tokens: mx.array, cache: list, chunk: int = 512,
+            spans: Sequence[MediaSpan] = (), start: int = 0) -> mx.array:
+    """Feed `tokens` [1, L] (absolute positions from `start`) to the target in chunks; return the
+    hidden state [1, 1, H] of the last position. Earlier chunks are evaluated for their cache
+    state alone (their logits are never built). Media `spans` among the positions put their
+    embeddings at their soft tokens, each item within one chunk (see media/prefill.py)."""
+    hidden = None
+    for lo, hi in chunk_bounds(tokens.shape[1], chunk, spans, start):
+        if hidden is not None:
+            mx.eval([c.keys for c in cache] + [c.values for c in cache])
+        media = inside(spans, start + lo, start + hi)
+        if media:
+            hidden = hidden_with_media(target, tokens[:, lo:hi], cache, media, start + lo)
+        else:
+            hidden = target.hidden(tokens[:, lo:hi], cache)
+    return hidden[:, -1:]

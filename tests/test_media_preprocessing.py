@@ -5,6 +5,7 @@ processor's rule."""
 
 import io
 import wave
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from PIL import Image
 
 from mlx_spec.media import MediaError, audio_features, audio_tokens, image_patches, read_image, read_wav
+from mlx_spec.media.images import patchify, resized_pixels
 
 # (width, height): square, wide, tall, tiny, larger than the budget, thin enough for the edge rule.
 SIZES = [(224, 224), (640, 360), (300, 800), (50, 40), (1600, 1200), (1000, 30), (20, 700)]
@@ -39,6 +41,41 @@ def test_image_patches_equal_transformers(size, budget):
     assert np.array_equal(ours.pixels, expected["pixel_values"][0, :n])
     assert np.array_equal(ours.positions, expected["image_position_ids"][0, :n])
     assert (expected["image_position_ids"][0, n:] == -1).all()  # the rest is transformers' padding
+
+
+def transformers_unified_patch_functions():
+    """`convert_image_to_patches` and `patches_merge` of transformers' 12B image processor, read
+    from its source: the module imports torchvision at the top, which cannot be installed beside
+    this machine's torch, and these two functions need torch alone."""
+    import ast
+    import inspect
+    import math
+
+    import torch
+    from transformers.models import gemma4_unified
+
+    source = (Path(inspect.getfile(gemma4_unified)).parent / "image_processing_gemma4_unified.py").read_text()
+    wanted = [node for node in ast.parse(source).body
+              if isinstance(node, ast.FunctionDef) and node.name in ("convert_image_to_patches", "patches_merge")]
+    namespace = {"torch": torch, "math": math}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "image_processing_gemma4_unified.py", "exec"), namespace)
+    return namespace["convert_image_to_patches"], namespace["patches_merge"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_12b_merged_patches_equal_transformers(size):
+    """The 12B's processor cuts 16-pixel patches and merges each 3 x 3 block into one: the same
+    array as cutting 48-pixel patches, which is what we do (positions on the merged grid)."""
+    import torch
+
+    to_patches, merge = transformers_unified_patch_functions()
+    pixels = resized_pixels(picture(*size, seed=size[1]), 280, 16, 3)
+    teacher = to_patches(torch.tensor(pixels).permute(2, 0, 1), 16)
+    rows, cols = pixels.shape[0] // 16, pixels.shape[1] // 16
+    grid = torch.stack(torch.meshgrid(torch.arange(cols), torch.arange(rows), indexing="xy"), dim=-1).reshape(-1, 2)
+    merged, positions = merge(teacher[None], grid[None], teacher.shape[0] // 9)
+    ours, our_positions = patchify(pixels, 48)
+    assert np.array_equal(ours, merged[0].numpy()) and np.array_equal(our_positions, positions[0].numpy())
 
 
 def test_images_from_every_source_are_the_same_image(tmp_path):

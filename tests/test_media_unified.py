@@ -88,5 +88,5 @@ def test_the_mlx_vlm_layout_quantized_loads_as_saved(google, tmp_path):
 
 
 def test_a_checkpoint_without_embedders_says_so(checkpoints):
-    with pytest.raises(MediaError, match=r"no media embedder weights \(a text-only checkpoint\)"):
+    with pytest.raises(MediaError, match=r"no media encoder weights \(a text-only checkpoint\)"):
         load_unified_embedders(checkpoints["text"], {"text_config": {"hidden_size": 64}})

@@ -29,7 +29,15 @@ REAL_SPECIAL_IDS = {
     "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
     "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
 }
-_BY_ID = {i: name for name, i in REAL_SPECIAL_IDS.items()}
+# Media markers and soft tokens, at ids of the tiny vocabulary (the real ones lie past it); the
+# tiny multimodal configs name these ids, as the real configs name theirs.
+MEDIA_IDS = {
+    "<|image>": 60, "<image|>": 61, "<|image|>": 62, "<|audio>": 63, "<audio|>": 64, "<|audio|>": 65,
+    "<|video|>": 66,
+}
+MEDIA_CONFIG = dict(boi_token_id=60, eoi_token_id=61, image_token_id=62, boa_token_id=63, eoa_token_index=64,
+                    audio_token_id=65, video_token_id=66)
+_BY_ID = {i: name for name, i in {**REAL_SPECIAL_IDS, **MEDIA_IDS}.items()}
 SPECIAL_TOKENS = [_BY_ID.get(i, f"<unused{i}>") for i in range(max(_BY_ID) + 1)]
 EOS_ID = 1
 END_OF_TURN_ID = REAL_SPECIAL_IDS["<turn|>"]
@@ -93,6 +101,20 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.75 + 0.5 * torch.rand(b.shape, generator=g))
 
 
+def _randomise_media(model: torch.nn.Module, seed: int) -> None:
+    """Random values for the media encoders' norm scales (around one) and position tables, which
+    transformers initialises to ones: a tower that ignored a position or a norm would pass."""
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "language_model" in name:
+                continue
+            if p.ndim == 1:
+                p.copy_(0.75 + 0.5 * torch.rand(p.shape, generator=g))
+            elif "position_embedding_table" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+
 # The structure of each published Gemma 4 size at toy widths (the published configs are quoted
 # in the README). "e2b" is `_text_config`'s defaults. E4B: no double-wide MLP, 2 K/V heads, a 5:1
 # layer pattern, K/V sharing. 26B-A4B: a mixture-of-experts block beside the MLP, keys equal to
@@ -125,6 +147,7 @@ VARIANTS = {
         layer_types=_PATTERN_5_1 * 2, num_kv_shared_layers=4, use_double_wide_mlp=True, num_key_value_heads=2,
     ),
 }
+WITH_AUDIO = ("e2b", "e4b", "12b", "12b-kv-shared")  # the sizes google ships with an audio encoder
 UNIFIED = ("12b", "12b-kv-shared")  # built with transformers' gemma4_unified classes
 # The assistant of each variant: its target's width and K/V heads; the centroid head or the plain
 # one, as the published assistants have (E2B and E4B: centroids; 31B and 12B: plain).
@@ -142,7 +165,8 @@ def build_target(
     folder: Path, layout: str = "text", seed: int = 0, tokenizer: bool = True, variant: str = "e2b"
 ) -> Path:
     """A tiny target. layout "text": Gemma4ForCausalLM (model_type gemma4_text);
-    "google": Gemma4ForConditionalGeneration with vision and audio towers, as google ships it.
+    "google": Gemma4ForConditionalGeneration with a vision tower and (E2B, E4B) an audio tower, as
+    google ships it.
     The 12B's variants use the gemma4_unified classes instead (its text model alone, or with
     its encoder-free vision and audio embedders). Both layouts carry the same language-model
     weights for the same seed. `variant` picks the structure of one Gemma 4 size (see VARIANTS)."""
@@ -156,10 +180,13 @@ def build_target(
     _randomise(model, seed)
     if layout == "google":
         media = (_tiny_unified_vision(), _tiny_unified_audio()) if unified else (_tiny_vision(), _tiny_audio())
+        if variant not in WITH_AUDIO:
+            media = (media[0], None)  # 26B-A4B and 31B ship with `audio_config: null`
         config = getattr(transformers, f"{prefix}Config")(
-            text_config=text.to_dict(), vision_config=media[0], audio_config=media[1])
+            text_config=text.to_dict(), vision_config=media[0], audio_config=media[1], **MEDIA_CONFIG)
         wrapper = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
         wrapper.model.language_model.load_state_dict(model.model.state_dict())
+        _randomise_media(wrapper, seed)
         model = wrapper
     elif layout != "text":
         raise ValueError(layout)
@@ -175,7 +202,9 @@ def _tiny_vision() -> dict:
 
 
 def _tiny_audio() -> dict:
-    return dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+    """The first convolution keeps the released 128 channels: transformers sizes the projection
+    after the convolutions from them, which fits the 128 mel bands only then."""
+    return dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[128, 4],
                 output_proj_dims=32, conv_kernel_size=3)
 
 

@@ -14,6 +14,8 @@ from typing import Union
 
 import numpy as np
 
+from ..sampling import SettingsError
+
 SAMPLE_RATE = 16_000
 MAX_SAMPLES = 480_000  # 30 s: the feature extractor's max_length, beyond which it truncates
 PAD_TO = 128
@@ -26,7 +28,7 @@ MEL_FLOOR = 1e-3
 SUBSAMPLING = 2
 
 
-class MediaError(ValueError):
+class MediaError(SettingsError):
     """An image or audio input that cannot be used; the message says why."""
 
 
@@ -63,6 +65,23 @@ def read_wav(source: Union[str, Path, bytes]) -> np.ndarray:
     else:
         raise MediaError(f"WAV samples of {8 * width} bits are not supported")
     return samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
+
+
+def read_audio(source) -> np.ndarray:
+    """16 kHz mono float32 samples from a WAV path or bytes, a (samples, rate) pair or samples."""
+    if isinstance(source, (str, Path, bytes, bytearray)):
+        return read_wav(bytes(source) if isinstance(source, bytearray) else source)
+    if isinstance(source, tuple) and len(source) == 2:
+        samples, rate = source
+        if rate != SAMPLE_RATE:
+            raise MediaError(f"audio at {rate} Hz: Gemma 4 takes {SAMPLE_RATE} Hz; resample it first")
+        source = samples
+    samples = np.asarray(source, dtype=np.float32)
+    if samples.ndim == 2:  # (samples, channels)
+        samples = samples.mean(axis=1, dtype=np.float32)
+    if samples.ndim != 1:
+        raise MediaError(f"audio samples must be 1-D (or samples x channels), got shape {samples.shape}")
+    return samples
 
 
 def _mel_filters() -> np.ndarray:

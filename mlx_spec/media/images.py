@@ -18,6 +18,7 @@ import numpy as np
 from .audio import MediaError
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+MAX_PIXELS = 64_000_000  # larger images are refused (the largest budget uses about 0.3 megapixels)
 
 
 @dataclass
@@ -46,8 +47,10 @@ def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
             if not path.is_file():
                 raise MediaError(f"image {source}: no such file")
             image = Image.open(path)
+        if image.width * image.height > MAX_PIXELS:
+            raise MediaError(f"a {image.width}x{image.height} image is over {MAX_PIXELS // 1_000_000} megapixels")
         image.load()
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise MediaError(f"not an image Pillow can read ({e})") from None
     return image.convert("RGB")
 
@@ -83,6 +86,13 @@ def target_size(height: int, width: int, patch_size: int, max_patches: int, pool
 
 def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooling_kernel_size: int = 3) -> ImagePatches:
     """The patches of one image (see the module's docstring), without padding."""
+    pixels = resized_pixels(image, max_soft_tokens, patch_size, pooling_kernel_size)
+    patches, positions = patchify(pixels, patch_size)
+    return ImagePatches(patches, positions, len(patches) // pooling_kernel_size**2)
+
+
+def resized_pixels(image, max_soft_tokens: int, patch_size: int, pooling_kernel_size: int) -> np.ndarray:
+    """The image in RGB, resized to the patch budget and rescaled to [0, 1]: [H, W, 3] float32."""
     if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
         raise MediaError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}, got {max_soft_tokens}")
     Image, _ = _pillow()
@@ -92,10 +102,14 @@ def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooli
     if (height, width) != (image.height, image.width):
         image = image.resize((width, height), resample=Image.Resampling.BICUBIC)
     # Rescaled in float64 and stored as float32, as transformers' rescale does.
-    pixels = (np.asarray(image, dtype=np.float64) * (1 / 255)).astype(np.float32)  # [H, W, 3]
-    rows, cols = height // patch_size, width // patch_size
-    patches = pixels.reshape(rows, patch_size, cols, patch_size, 3).transpose(0, 2, 1, 3, 4)
-    patches = patches.reshape(rows * cols, patch_size * patch_size * 3)
+    return (np.asarray(image, dtype=np.float64) * (1 / 255)).astype(np.float32)
+
+
+def patchify(pixels: np.ndarray, size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Square patches of `size` pixels, row by row ([N, size² · 3], each patch's pixels row by
+    row), and their (x, y) positions [N, 2]."""
+    height, width, _ = pixels.shape
+    rows, cols = height // size, width // size
+    patches = pixels.reshape(rows, size, cols, size, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, size * size * 3)
     grid_x, grid_y = np.meshgrid(np.arange(cols), np.arange(rows), indexing="xy")
-    positions = np.stack([grid_x, grid_y], axis=-1).reshape(rows * cols, 2)
-    return ImagePatches(patches, positions, rows * cols // pooling_kernel_size**2)
+    return patches, np.stack([grid_x, grid_y], axis=-1).reshape(rows * cols, 2)

@@ -10,14 +10,18 @@ Weights load from google's layout (`model.vision_embedder.*`, `model.embed_visio
 quantized or not).
 """
 
-import glob
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from .audio import MediaError
+from .audio import MediaError, read_audio
+from .images import patchify, resized_pixels
+from .items import AUDIO, IMAGE, MediaItem
+from .prompt import MediaTokens
+from .weights import load_media_module, read_media_weights
 
 
 class MultimodalEmbedder(nn.Module):
@@ -87,33 +91,63 @@ PREFIXES = ("vision_embedder.", "embed_vision.", "embed_audio.")
 
 
 def load_unified_embedders(path: Path, config: dict) -> UnifiedEmbedders:
-    """The embedders of a gemma4_unified checkpoint, in either layout; quantized projections
-    (mlx-vlm's conversions) come back quantized with the checkpoint's bits and group size."""
-    weights: Dict[str, mx.array] = {}
-    for file in sorted(glob.glob(str(Path(path) / "model*.safetensors"))):
-        for key, value in mx.load(file).items():
-            key = key.removeprefix("model.")
-            if key.startswith(PREFIXES):
-                weights[key] = value
-    if not weights:
-        raise MediaError(f"{path}: no media embedder weights (a text-only checkpoint)")
-    embedders = UnifiedEmbedders(config)
-    quantization: Optional[dict] = config.get("quantization")
-    if any(k.endswith(".scales") for k in weights):
-        quantization = quantization or {}
+    """The embedders of a gemma4_unified checkpoint, in either layout, quantized where the
+    conversion quantized them."""
+    return load_media_module(UnifiedEmbedders(config), read_media_weights(path, PREFIXES), config, path)
 
-        def quantized(name: str, module: nn.Module):
-            if f"{name}.scales" not in weights:
-                return False
-            own = quantization.get(name)
-            return own if isinstance(own, dict) else True
 
-        nn.quantize(embedders, group_size=quantization.get("group_size", 64), bits=quantization.get("bits", 4),
-                    mode=quantization.get("mode", "affine"), class_predicate=quantized)
-    try:
-        embedders.load_weights(list(weights.items()))
-    except ValueError as e:
-        raise MediaError(f"{path}: the media embedder weights do not fit the config: {' '.join(str(e).split())}") from None
-    mx.eval(embedders.parameters())
-    return embedders
+class UnifiedMedia:
+    """The 12B's media encoder: items from images and audio (from the config alone), their
+    embeddings at prefill (the weights are read then).
 
+    An image is resized to the patch budget as Gemma 4's processor does, then cut into patches of
+    `pooling_kernel_size` · `patch_size` pixels: transformers' unified processor cuts 16-pixel
+    patches and merges each k x k block of them into one, pixel rows in order, which is the same
+    array. Each merged patch is one soft token. Audio is cut into frames of `audio_embed_dim`
+    samples (the last one padded with zeros), one soft token each."""
+
+    def __init__(self, path: Path, config: dict, image_tokens: int = 280):
+        self.path, self.config = path, config
+        self.tokens = MediaTokens.from_config(config)
+        vision, audio = config.get("vision_config") or {}, config.get("audio_config") or {}
+        self.patch_size = vision.get("patch_size", 16)
+        self.pooling = vision.get("pooling_kernel_size", 3)
+        self.frame = audio.get("audio_embed_dim", 640)
+        self.image_tokens = image_tokens
+        self.can = {IMAGE: bool(vision), AUDIO: bool(audio)}
+        self._embedders: Optional[UnifiedEmbedders] = None
+
+    @property
+    def embedders(self) -> UnifiedEmbedders:
+        """The weights, read the first time an item is embedded (on the thread that runs the
+        model: prefill calls `embed`)."""
+        self.load()
+        return self._embedders
+
+    def load(self) -> None:
+        """Read the weights now, if they are not yet."""
+        if self._embedders is None:
+            self._embedders = load_unified_embedders(self.path, self.config)
+
+    def image(self, source, image_tokens: Optional[int] = None) -> MediaItem:
+        pixels = resized_pixels(source, image_tokens or self.image_tokens, self.patch_size, self.pooling)
+        patches, positions = patchify(pixels, self.patch_size * self.pooling)
+        return MediaItem.of(IMAGE, len(patches), patches, positions.astype(np.int32))
+
+    def audio(self, source) -> MediaItem:
+        samples = read_audio(source)
+        if samples.size == 0:
+            raise MediaError("the audio is empty")
+        if not np.isfinite(samples).all():
+            raise MediaError("the audio has samples that are not finite numbers")
+        frames = np.zeros(-(-samples.size // self.frame) * self.frame, np.float32)
+        frames[: samples.size] = samples
+        frames = frames.reshape(-1, self.frame)
+        return MediaItem.of(AUDIO, len(frames), frames)
+
+    def embed(self, item: MediaItem) -> mx.array:
+        """[tokens, hidden]: the item's inputs to the text model (before its embedding scale)."""
+        if item.kind == IMAGE:
+            patches, positions = item.arrays
+            return self.embedders.image(mx.array(patches), mx.array(positions))
+        return self.embedders.audio(mx.array(item.arrays[0]))

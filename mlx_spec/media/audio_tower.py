@@ -1,0 +1,399 @@
+"""Gemma 4's audio tower (E2B, E4B) in MLX: log-mel frames to the text model's soft tokens.
+
+Equal to transformers' `Gemma4AudioModel` (a USM-style conformer) followed by
+`Gemma4MultimodalEmbedder` (`embed_audio`), keeping the tokens the tower's output mask marks
+valid, as `Gemma4Model` does before scattering them into the prompt. The conformer: two stride-2
+3x3 convolutions over (time, mel), each with a bias-free LayerNorm and ReLU, and a projection;
+then layers of a half-step feed-forward, chunked local self-attention with Transformer-XL
+relative positions, a causal depthwise convolution and another half-step feed-forward; then an
+output projection. The embedder is an RMS norm without scale and a projection.
+
+Weights load from google's layout with `audio_tower_weights`: `model.audio_tower.X` as
+`tower.X`, `model.embed_audio.Y` as `embedder.Y`, convolution kernels moved to MLX's
+channels-last layout. As in transformers, it computes in its weights' dtype (float32 weights,
+float32 compute), with norms and the attention in float32.
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Mapping, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..loading import LoadError
+
+TOWER, EMBEDDER = "model.audio_tower.", "model.embed_audio."
+CONV_WEIGHTS = (".conv.weight", ".depthwise_conv1d.weight")
+ACTIVATIONS = {"silu": nn.silu, "swish": nn.silu, "gelu": nn.gelu, "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu}
+DEFAULT_NORM_EPS = 1e-6  # Gemma4RMSNorm's own default, which some of the tower's norms keep
+
+
+class AudioWeightsError(LoadError):
+    """The checkpoint's audio tower weights do not fit its audio config; the message names them."""
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    """A checkpoint's `audio_config`, with transformers' defaults (`Gemma4AudioConfig`)."""
+
+    hidden_size: int = 1024
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 8
+    hidden_act: str = "silu"
+    subsampling_conv_channels: Sequence[int] = (128, 32)
+    conv_kernel_size: int = 5
+    residual_weight: float = 0.5
+    attention_chunk_size: int = 12
+    attention_context_left: int = 13
+    attention_context_right: int = 0
+    attention_logit_cap: float = 50.0
+    attention_invalid_logits_value: float = -1.0e9
+    use_clipped_linears: bool = True
+    rms_norm_eps: float = 1e-6
+    gradient_clipping: float = 1e10
+    output_proj_dims: int = 1536
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> "AudioConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in known and v is not None})
+
+    @property
+    def past(self) -> int:
+        return self.attention_context_left - 1
+
+    @property
+    def context(self) -> int:
+        """Keys each chunk of queries sees: the chunk, the past horizon and the future one."""
+        return self.attention_chunk_size + self.past + self.attention_context_right
+
+
+def _clamp(x: mx.array, limit: float) -> mx.array:
+    """transformers' `gradient_clipping` clamp, capped at the dtype's range as it is there."""
+    limit = min(limit, float(mx.finfo(x.dtype).max))
+    return mx.clip(x, -limit, limit)
+
+
+def _rms_norm(x: mx.array, weight, eps: float) -> mx.array:
+    w = None if weight is None else weight.astype(mx.float32)
+    return mx.fast.rms_norm(x.astype(mx.float32), w, eps).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """`Gemma4RMSNorm`: in float32, back in the input's dtype."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return _rms_norm(x, self.weight, self.eps)
+
+
+class ClippableLinear(nn.Module):
+    """A bias-free linear whose input and output are clamped to scalar bounds from the checkpoint."""
+
+    def __init__(self, dims_in: int, dims_out: int, clipped: bool):
+        super().__init__()
+        self.linear = nn.Linear(dims_in, dims_out, bias=False)
+        self.clipped = clipped
+        if clipped:
+            self.input_min, self.input_max = mx.array(-math.inf), mx.array(math.inf)
+            self.output_min, self.output_max = mx.array(-math.inf), mx.array(math.inf)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not self.clipped:
+            return self.linear(x)
+        x = self.linear(mx.clip(x, self.input_min.astype(x.dtype), self.input_max.astype(x.dtype)))
+        return mx.clip(x, self.output_min.astype(x.dtype), self.output_max.astype(x.dtype))
+
+
+class ConvBlock(nn.Module):
+    """A 3x3 stride-2 convolution over (time, mel), a bias-free LayerNorm over channels, ReLU."""
+
+    def __init__(self, channels_in: int, channels_out: int, eps: float):
+        super().__init__()
+        self.conv = nn.Conv2d(channels_in, channels_out, 3, stride=2, padding=1, bias=False)
+        self.norm = nn.LayerNorm(channels_out, eps=eps, bias=False)
+
+    def __call__(self, x: mx.array, valid: mx.array) -> Tuple[mx.array, mx.array]:
+        # Padded frames are zeroed before each convolution: the valid outputs see only the clip.
+        x = x * valid[:, :, None, None].astype(x.dtype)
+        x = nn.relu(self.norm(self.conv(x.astype(self.conv.weight.dtype))))
+        return x, valid[:, ::2]
+
+
+class SubsampleProjection(nn.Module):
+    """Mel frames [B, T, 128] to [B, ceil(T / 4), hidden], and their validity."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        first, second = config.subsampling_conv_channels
+        self.layer0 = ConvBlock(1, first, config.rms_norm_eps)
+        self.layer1 = ConvBlock(first, second, config.rms_norm_eps)
+        # Sized from the first conv's channels as transformers does: that equals the 128 mel
+        # bands / 4 only when those channels are 128 (every released checkpoint).
+        self.input_proj_linear = nn.Linear(first // 4 * second, config.hidden_size, bias=False)
+
+    def __call__(self, features: mx.array, valid: mx.array) -> Tuple[mx.array, mx.array]:
+        x, valid = self.layer0(features[..., None], valid)
+        x, valid = self.layer1(x, valid)
+        return self.input_proj_linear(x.reshape(*x.shape[:2], -1)), valid  # (mel, channel) order
+
+
+class FeedForward(nn.Module):
+    """The conformer's half-step feed-forward: norm, 4x expansion, norm, residual at half weight."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        width, clipped = config.hidden_size, config.use_clipped_linears
+        self.ffw_layer_1 = ClippableLinear(width, 4 * width, clipped)
+        self.ffw_layer_2 = ClippableLinear(4 * width, width, clipped)
+        self.pre_layer_norm = RMSNorm(width, DEFAULT_NORM_EPS)
+        self.post_layer_norm = RMSNorm(width, DEFAULT_NORM_EPS)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.limit, self.weight = config.gradient_clipping, config.residual_weight
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.ffw_layer_2(self.act(self.ffw_layer_1(self.pre_layer_norm(_clamp(x, self.limit)))))
+        return x + self.post_layer_norm(_clamp(y, self.limit)) * self.weight
+
+
+class LightConv(nn.Module):
+    """Norm, GLU, a causal depthwise convolution over time, norm, activation, projection, residual."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        width, clipped, eps = config.hidden_size, config.use_clipped_linears, config.rms_norm_eps
+        self.linear_start = ClippableLinear(width, 2 * width, clipped)
+        self.linear_end = ClippableLinear(width, width, clipped)
+        self.depthwise_conv1d = nn.Conv1d(width, width, config.conv_kernel_size, groups=width, bias=False)
+        self.pre_layer_norm, self.conv_norm = RMSNorm(width, eps), RMSNorm(width, eps)
+        self.act, self.limit = ACTIVATIONS[config.hidden_act], config.gradient_clipping
+        self.history = config.conv_kernel_size - 1
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = nn.glu(self.linear_start(self.pre_layer_norm(x)), axis=-1)
+        y = self.depthwise_conv1d(mx.pad(y, [(0, 0), (self.history, 0), (0, 0)]))  # causal
+        return x + self.linear_end(self.act(self.conv_norm(_clamp(y, self.limit))))
+
+
+def _context_indices(blocks: int, config: AudioConfig) -> mx.array:
+    """[blocks, context]: for each chunk of queries, its keys' indices into the sequence padded
+    with `past` positions before it."""
+    chunk = config.attention_chunk_size
+    return mx.arange(blocks)[:, None] * chunk + mx.arange(config.context)[None, :]
+
+
+def attention_mask(valid: mx.array, config: AudioConfig) -> mx.array:
+    """[B, 1, blocks, chunk, context]: where a query may attend a key. As transformers'
+    `sliding_window_mask_function((past, future))` with the key padding mask: q - k in
+    [0, past) or in (-future, 0), which leaves out the block context's outermost key on each side."""
+    chunk, past, future = config.attention_chunk_size, config.past, config.attention_context_right
+    blocks = -(-valid.shape[1] // chunk)
+    keys = _context_indices(blocks, config)
+    queries = mx.arange(blocks)[:, None] * chunk + mx.arange(chunk)[None, :]
+    distance = queries[:, :, None] - (keys - past)[:, None, :]
+    window = ((distance >= 0) & (distance < past)) | ((distance < 0) & (-distance < future))
+    key_valid = mx.pad(valid, [(0, 0), (past, future + chunk - 1)])[:, keys]
+    return (window[None] & key_valid[:, :, None, :])[:, None]
+
+
+def _relative_positions(config: AudioConfig) -> mx.array:
+    """[context // 2 + 1, hidden]: sinusoids (sin, then cos) of positions context // 2 down to 0."""
+    count = config.hidden_size // 2
+    step = math.log(10_000.0) / max(count - 1, 1)
+    inv_timescales = np.exp(np.arange(count, dtype=np.float32) * np.float32(-step))
+    times = np.arange(config.context // 2, -1, -1, dtype=np.float32)[:, None] * inv_timescales[None, :]
+    return mx.array(np.concatenate([np.sin(times), np.cos(times)], axis=-1))
+
+
+class ChunkedAttention(nn.Module):
+    """Local self-attention over chunks of queries, each seeing a window of past (and future)
+    keys, with a learned per-dimension query scale and relative position logits."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        width, heads, clipped = config.hidden_size, config.num_attention_heads, config.use_clipped_linears
+        self.config, self.heads, self.head_dim = config, heads, width // heads
+        inner = heads * self.head_dim
+        self.q_proj = ClippableLinear(width, inner, clipped)
+        self.k_proj = ClippableLinear(width, inner, clipped)
+        self.v_proj = ClippableLinear(width, inner, clipped)
+        self.post = ClippableLinear(width, width, clipped)
+        self.relative_k_proj = nn.Linear(width, inner, bias=False)
+        self.per_dim_scale = mx.zeros((self.head_dim,))
+        # USM's scales: queries by softplus(per_dim_scale) / sqrt(d), both in log2 units.
+        self.q_scale = self.head_dim ** -0.5 / math.log(2)
+        self.k_scale = math.log(1 + math.e) / math.log(2)
+
+    def _split(self, projection, x: mx.array) -> mx.array:
+        return projection(x).astype(mx.float32).reshape(*x.shape[:2], self.heads, self.head_dim)
+
+    def _chunks(self, x: mx.array, blocks: int) -> mx.array:
+        """[B, T, H, d] to [B, H, blocks, chunk, d], zero-padded at the end."""
+        chunk = self.config.attention_chunk_size
+        x = mx.pad(x, [(0, 0), (0, blocks * chunk - x.shape[1]), (0, 0), (0, 0)])
+        return x.reshape(x.shape[0], blocks, chunk, self.heads, self.head_dim).transpose(0, 3, 1, 2, 4)
+
+    def _contexts(self, x: mx.array, blocks: int) -> mx.array:
+        """[B, T, H, d] to each chunk's keys [B, H, blocks, context, d], zeros outside the sequence."""
+        c = self.config
+        x = mx.pad(x, [(0, 0), (c.past, c.attention_context_right + c.attention_chunk_size - 1), (0, 0), (0, 0)])
+        return x[:, _context_indices(blocks, c)].transpose(0, 3, 1, 2, 4)
+
+    def _shift(self, x: mx.array) -> mx.array:
+        """Transformer-XL's shift (appendix B of arXiv:1901.02860) of [..., chunk, positions]
+        logits to [..., chunk, context]: query row i moves right by i, and what passes the end
+        of a row wraps into the next one, exactly as transformers pads and reshapes."""
+        *lead, chunk, positions = x.shape
+        width = self.config.context
+        x = mx.pad(x, [(0, 0)] * (len(lead) + 1) + [(0, width + 1 - positions)])
+        x = x.reshape(*lead, chunk * (width + 1))[..., : chunk * width]
+        return x.reshape(*lead, chunk, width)
+
+    def __call__(self, x: mx.array, allowed: mx.array, positions: mx.array) -> mx.array:
+        c, (batch, length, _) = self.config, x.shape
+        blocks = allowed.shape[2]
+        scale = self.q_scale * nn.softplus(self.per_dim_scale.astype(mx.float32))
+        queries = self._chunks(self._split(self.q_proj, x) * scale, blocks)
+        keys = self._contexts(self._split(self.k_proj, x) * self.k_scale, blocks)
+        values = self._contexts(self._split(self.v_proj, x), blocks)
+        relative = self.relative_k_proj(positions).astype(mx.float32)
+        relative = relative.reshape(-1, self.heads, self.head_dim).transpose(1, 2, 0)  # [H, d, positions]
+        logits = queries @ keys.swapaxes(-1, -2) + self._shift(queries @ relative[:, None])
+        logits = mx.tanh(logits / c.attention_logit_cap) * c.attention_logit_cap
+        weights = mx.softmax(mx.where(allowed, logits, c.attention_invalid_logits_value), axis=-1)
+        out = (weights @ values).transpose(0, 2, 3, 1, 4).reshape(batch, -1, self.heads * self.head_dim)
+        return self.post(out[:, :length].astype(x.dtype))
+
+
+class ConformerLayer(nn.Module):
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        self.feed_forward1, self.feed_forward2 = FeedForward(config), FeedForward(config)
+        self.self_attn = ChunkedAttention(config)
+        self.lconv1d = LightConv(config)
+        self.norm_pre_attn = RMSNorm(config.hidden_size, DEFAULT_NORM_EPS)
+        self.norm_post_attn = RMSNorm(config.hidden_size, DEFAULT_NORM_EPS)
+        self.norm_out = RMSNorm(config.hidden_size, DEFAULT_NORM_EPS)
+        self.limit = config.gradient_clipping
+
+    def __call__(self, x: mx.array, allowed: mx.array, positions: mx.array) -> mx.array:
+        x = self.feed_forward1(x)
+        attended = self.self_attn(self.norm_pre_attn(_clamp(x, self.limit)), allowed, positions)
+        x = x + self.norm_post_attn(_clamp(attended, self.limit))
+        x = self.feed_forward2(self.lconv1d(x))
+        return self.norm_out(_clamp(x, self.limit))
+
+
+class Conformer(nn.Module):
+    """`Gemma4AudioModel`: mel frames [B, T, 128] and their mask to hidden states
+    [B, ceil(T / 4), output_proj_dims] and the mask of the valid ones (every 4th frame's)."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        self.config = config
+        self.subsample_conv_projection = SubsampleProjection(config)
+        self.layers = [ConformerLayer(config) for _ in range(config.num_hidden_layers)]
+        self.output_proj = nn.Linear(config.hidden_size, config.output_proj_dims, bias=True)
+        self._positions = _relative_positions(config)  # computed, never in a checkpoint
+
+    def __call__(self, features: mx.array, valid: mx.array) -> Tuple[mx.array, mx.array]:
+        x, valid = self.subsample_conv_projection(features, valid)
+        allowed, positions = attention_mask(valid, self.config), self._positions.astype(x.dtype)
+        for layer in self.layers:
+            x = layer(x, allowed, positions)
+        return self.output_proj(x), valid
+
+
+class AudioEmbedder(nn.Module):
+    """`Gemma4MultimodalEmbedder`: an RMS norm without scale, then a projection to the text width."""
+
+    def __init__(self, width: int, text_width: int, eps: float):
+        super().__init__()
+        self.embedding_projection = nn.Linear(width, text_width, bias=False)
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.embedding_projection(_rms_norm(x, None, self.eps))
+
+
+def soft_tokens(conformer: Conformer, embedder: AudioEmbedder, features, mask) -> mx.array:
+    """One clip's features [frames, 128] and mask [frames] to its soft tokens [tokens, text hidden]."""
+    hidden, valid = conformer(mx.array(features)[None], mx.array(mask)[None])
+    # Tokens from the padding past the clip's end are dropped, as transformers does.
+    keep = mx.array(np.flatnonzero(np.array(valid[0])))
+    return embedder(hidden[0][keep])
+
+
+def to_mlx_kernels(weights: Mapping[str, mx.array], wanted: Mapping[str, mx.array]) -> Dict[str, mx.array]:
+    """Convolution kernels in PyTorch's layout (google's checkpoints) moved to MLX's; kernels
+    already in MLX's layout (mlx-vlm's conversions) are kept. `wanted`: the module's parameters."""
+    moved = dict(weights)
+    for name, value in weights.items():
+        if name.endswith(CONV_WEIGHTS) and name in wanted and value.shape != wanted[name].shape:
+            moved[name] = mx.moveaxis(value, 1, -1)
+    return moved
+
+
+class AudioTower(nn.Module):
+    """One clip's mel features [frames, 128] and mask [frames] (as `audio_features` makes them)
+    to its soft tokens' embeddings [tokens, text hidden], the rows `Gemma4Model` puts in the prompt."""
+
+    def __init__(self, audio_config: Mapping[str, Any], text_hidden_size: int):
+        super().__init__()
+        config = AudioConfig.from_dict(audio_config)
+        self.tower = Conformer(config)
+        self.embedder = AudioEmbedder(config.output_proj_dims, text_hidden_size, config.rms_norm_eps)
+
+    def __call__(self, features, mask) -> mx.array:
+        return soft_tokens(self.tower, self.embedder, features, mask)
+
+    def load_checkpoint(self, weights: Mapping[str, Any]) -> None:
+        """Google's weights (keys `model.audio_tower.*` and `model.embed_audio.*`; others are
+        ignored): every one this config needs, in its shape, or `AudioWeightsError` naming them."""
+        given, wanted = audio_tower_weights(weights), dict(tree_flatten(self.parameters()))
+        problems = [("lacks", sorted(wanted.keys() - given.keys())),
+                    ("has weights this audio config does not use:", sorted(given.keys() - wanted.keys()))]
+        for what, names in problems:
+            if names:
+                raise AudioWeightsError(f"the audio tower checkpoint {what} {_listing(names)}")
+        wrong = [f"{checkpoint_key(k)} {tuple(v.shape)} (expected {tuple(wanted[k].shape)})"
+                 for k, v in given.items() if v.shape != wanted[k].shape]
+        if wrong:
+            raise AudioWeightsError(f"the audio tower checkpoint has weights of the wrong shape: {'; '.join(wrong)}")
+        self.update(tree_unflatten(list(given.items())))
+        mx.eval(self.parameters())
+
+
+def audio_tower_weights(weights: Mapping[str, Any]) -> Dict[str, mx.array]:
+    """Google's `model.audio_tower.X` as `tower.X` and `model.embed_audio.Y` as `embedder.Y`
+    (numpy or MLX arrays; other keys are left out), convolution kernels moved from PyTorch's
+    (out, in, k[, k]) to MLX's (out, k[, k], in)."""
+    mapped = {}
+    for key, value in weights.items():
+        if key.startswith(TOWER):
+            name = "tower." + key[len(TOWER):]
+        elif key.startswith(EMBEDDER):
+            name = "embedder." + key[len(EMBEDDER):]
+        else:
+            continue
+        value = mx.array(value) if not isinstance(value, mx.array) else value
+        mapped[name] = mx.moveaxis(value, 1, -1) if name.endswith(CONV_WEIGHTS) else value
+    return mapped
+
+
+def checkpoint_key(name: str) -> str:
+    """The checkpoint key of one of `AudioTower`'s parameters."""
+    prefix, rest = name.split(".", 1)
+    return {"tower": TOWER, "embedder": EMBEDDER}[prefix] + rest
+
+
+def _listing(names: Sequence[str], shown: int = 5) -> str:
+    keys = [checkpoint_key(n) for n in names[:shown]]
+    return ", ".join(keys) + (f" and {len(names) - shown} more" if len(names) > shown else "")

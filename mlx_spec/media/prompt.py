@@ -1,0 +1,154 @@
+"""Media in chat messages: the content parts that carry them, and their soft tokens in the prompt.
+
+Parts a message's content may hold besides text:
+- `{"type": "image", "image": path | PIL image | bytes | uint8 array}` ("url" or "path" also);
+- `{"type": "image_url", "image_url": {"url": data URL, file:// URL or path}}` (OpenAI's shape);
+- `{"type": "audio", "audio": path | WAV bytes | (samples, rate) | 16 kHz samples}`;
+- `{"type": "input_audio", "input_audio": {"data": base64 WAV, "format": "wav"}}` (OpenAI's).
+
+Google's template writes one `<|image|>` or `<|audio|>` token for each. As Gemma 4's processor,
+`expand` replaces it by the begin marker, the item's soft tokens and the end marker.
+"""
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .audio import MediaError
+from .items import AUDIO, IMAGE, MediaItem, MediaSpan
+
+Message = Dict[str, Any]
+_IMAGE_TYPES = ("image", "image_url", "input_image")
+_AUDIO_TYPES = ("audio", "input_audio")
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """The token ids around and inside media, from a checkpoint's config."""
+
+    image: int
+    boi: int
+    eoi: int
+    audio: int
+    boa: int
+    eoa: int
+
+    @staticmethod
+    def from_config(config: dict) -> "MediaTokens":
+        get = config.get
+        return MediaTokens(get("image_token_id", 258_880), get("boi_token_id", 255_999), get("eoi_token_id", 258_882),
+                           get("audio_token_id", 258_881), get("boa_token_id", 256_000),
+                           get("eoa_token_id", get("eoa_token_index", 258_883)))
+
+
+@dataclass(frozen=True)
+class MediaSource:
+    kind: str  # IMAGE or AUDIO
+    value: Any  # what the part gave: a path, bytes, an array, a PIL image, (samples, rate)
+    where: str  # "messages[i].content[j]", for errors
+
+
+def has_media(messages: Sequence[Message]) -> bool:
+    return any(_kind(part) for m in messages for part in _parts(m))
+
+
+def split_media(messages: Sequence[Message], allow_files: bool = True) -> Tuple[List[Message], List[MediaSource]]:
+    """The messages as the template reads them (each media part reduced to its type) and the
+    media in the order the template writes them."""
+    out, sources = [], []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            kind = _kind(part)
+            if kind is None:
+                parts.append(part)
+                continue
+            where = f"messages[{i}].content[{j}]"
+            sources.append(MediaSource(kind, _value(part, kind, where, allow_files), where))
+            parts.append({"type": kind})
+        out.append({**message, "content": parts})
+    return out, sources
+
+
+def expand(tokens: Sequence[int], items: Sequence[MediaItem], ids: MediaTokens,
+           embed: Callable[[MediaItem], Any]) -> Tuple[List[int], List[MediaSpan]]:
+    """`tokens` with each media token replaced by its item's markers and soft tokens, and the
+    spans of those soft tokens. `embed(item)` gives the item's embeddings when prefill needs them."""
+    placeholders = [t for t in tokens if t in (ids.image, ids.audio)]
+    kinds = [IMAGE if t == ids.image else AUDIO for t in placeholders]
+    if kinds != [item.kind for item in items]:
+        raise MediaError(f"the prompt's media tokens ({', '.join(kinds) or 'none'}) do not match its media parts "
+                         f"({', '.join(item.kind for item in items) or 'none'}): is a media token written in the text?")
+    out: List[int] = []
+    spans: List[MediaSpan] = []
+    queue = iter(items)
+    for t in tokens:
+        if t not in (ids.image, ids.audio):
+            out.append(t)
+            continue
+        item = next(queue)
+        begin, end = (ids.boi, ids.eoi) if item.kind == IMAGE else (ids.boa, ids.eoa)
+        out.append(begin)
+        spans.append(MediaSpan(len(out), item, lambda item=item: embed(item)))
+        out.extend([t] * item.tokens)
+        out.append(end)
+    return out, spans
+
+
+def _parts(message: Message) -> list:
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, list) else []
+
+
+def _kind(part: Any) -> Optional[str]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    return IMAGE if kind in _IMAGE_TYPES else AUDIO if kind in _AUDIO_TYPES else None
+
+
+def _value(part: dict, kind: str, where: str, allow_files: bool) -> Any:
+    """What a media part holds, decoded from a URL or base64 where it is given so."""
+    kind_of_part = part["type"]
+    if kind_of_part == "input_audio":
+        body = part.get("input_audio")
+        if not isinstance(body, dict) or not isinstance(body.get("data"), str):
+            raise MediaError(f"{where}: input_audio must be {{'data': base64 audio, 'format': 'wav'}}")
+        if body.get("format", "wav") != "wav":
+            raise MediaError(f"{where}: audio format {body.get('format')!r} is not supported; send WAV")
+        return _base64(body["data"], where)
+    if kind_of_part in ("image_url", "input_image"):
+        url = part.get(kind_of_part)
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise MediaError(f"{where}: {kind_of_part} must be {{'url': a data URL or a file}}")
+        return _from_url(url, where, allow_files)
+    for key in (kind, "url", "path"):
+        if part.get(key) is not None:
+            value = part[key]
+            return _from_url(value, where, allow_files) if isinstance(value, str) else value
+    raise MediaError(f"{where}: a {kind} part needs its content under {kind!r}")
+
+
+def _from_url(url: str, where: str, allow_files: bool) -> Any:
+    if url.startswith("data:"):
+        header, _, data = url.partition(",")
+        if not header.endswith(";base64"):
+            raise MediaError(f"{where}: a data URL must be base64 (data:<type>;base64,...)")
+        return _base64(data, where)
+    if url.startswith(("http://", "https://")):
+        raise MediaError(f"{where}: remote URLs are not fetched; download the file and send it as a data URL")
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if not allow_files:
+        raise MediaError(f"{where}: local files are not read here; send the content as a data URL")
+    return path
+
+
+def _base64(data: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise MediaError(f"{where}: the data is not valid base64") from None

@@ -1,0 +1,105 @@
+"""The media encoder of Gemma 4 E2B, E4B, 26B-A4B and 31B (`model_type` gemma4): a vision tower
+(`vision_tower.*`, `embed_vision.*`) and, on E2B and E4B, an audio tower (`audio_tower.*`,
+`embed_audio.*`). Items are made from the config alone; the towers' weights are read the first
+time an item is embedded (on the thread that runs the model), or by `load()`."""
+
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlx.utils import tree_flatten
+
+from .audio import MAX_SAMPLES, MediaError, audio_features, audio_tokens, read_audio
+from .audio_tower import AudioConfig, AudioEmbedder, Conformer, soft_tokens, to_mlx_kernels
+from .images import image_patches
+from .items import AUDIO, IMAGE, MediaItem
+from .prompt import MediaTokens
+from .unified import MultimodalEmbedder
+from .vision_tower import VisionTower, vision_config
+from .weights import load_media_module, read_media_weights
+
+_CLIP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+
+
+class Towers(nn.Module):
+    """The towers and their embedders into the text model's width, named as the checkpoint."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        text_width = config["text_config"]["hidden_size"]
+        if config.get("vision_config") is not None:
+            vision = vision_config(config["vision_config"])
+            self.vision_tower = VisionTower(vision)
+            self.embed_vision = MultimodalEmbedder(vision["hidden_size"], text_width, vision["rms_norm_eps"])
+        if config.get("audio_config") is not None:
+            audio = AudioConfig.from_dict(config["audio_config"])
+            self.audio_tower = Conformer(audio)
+            self.embed_audio = AudioEmbedder(audio.output_proj_dims, text_width, audio.rms_norm_eps)
+
+
+class TowerMedia:
+    """Images as the image processor cuts them (`image_tokens` soft tokens at most, one per
+    k x k patches), embedded by the vision tower; audio as log-mel frames, embedded by the
+    audio tower (one soft token per 40 ms, at most 30 s)."""
+
+    def __init__(self, path: Path, config: dict, image_tokens: int = 280):
+        self.path, self.config = path, config
+        self.tokens = MediaTokens.from_config(config)
+        vision = config.get("vision_config")
+        self.vision = vision_config(vision) if vision is not None else None
+        audio = config.get("audio_config")
+        self.audio_config = AudioConfig.from_dict(audio) if audio is not None else None
+        self.image_tokens = image_tokens
+        self.can = {IMAGE: vision is not None, AUDIO: config.get("audio_config") is not None}
+        self._towers: Optional[Towers] = None
+
+    @property
+    def towers(self) -> Towers:
+        self.load()
+        return self._towers
+
+    def load(self) -> None:
+        """Read the towers' weights now, if they are not yet."""
+        if self._towers is None:
+            towers = Towers(self.config)
+            prefixes = [p for p, part in (("vision_tower.", IMAGE), ("embed_vision.", IMAGE), ("audio_tower.", AUDIO),
+                                          ("embed_audio.", AUDIO)) if self.can[part]]
+            weights = to_mlx_kernels(read_media_weights(self.path, prefixes), dict(tree_flatten(towers.parameters())))
+            self._towers = load_media_module(towers, weights, self.config, self.path, self._used)
+
+    def _used(self, key: str) -> bool:
+        """Clip bounds are written by some converters even where the config turns clipping off."""
+        if not key.endswith(_CLIP_BOUNDS):
+            return True
+        if key.startswith("audio_tower."):
+            return self.audio_config.use_clipped_linears
+        return self.vision["use_clipped_linears"]
+
+    def image(self, source, image_tokens: Optional[int] = None) -> MediaItem:
+        patches = image_patches(source, image_tokens or self.image_tokens, self.vision["patch_size"],
+                                self.vision["pooling_kernel_size"])
+        if patches.positions.max() >= self.vision["position_embedding_size"]:
+            raise MediaError(f"the image is {patches.positions.max() + 1} patches long on one side; the vision tower "
+                             f"has positions for {self.vision['position_embedding_size']}")
+        return MediaItem.of(IMAGE, patches.soft_tokens, patches.pixels, patches.positions.astype(np.int32))
+
+    def audio(self, source) -> MediaItem:
+        samples = read_audio(source)[:MAX_SAMPLES]
+        features = audio_features(samples)
+        tokens = audio_tokens(samples.size)
+        if tokens == 0:
+            raise MediaError(f"the audio is too short for one soft token: {samples.size} samples")
+        return MediaItem.of(AUDIO, tokens, features.features, features.mask)
+
+    def embed(self, item: MediaItem) -> mx.array:
+        """[tokens, hidden]: the item's inputs to the text model (before its embedding scale)."""
+        if item.kind == AUDIO:
+            towers = self.towers
+            return soft_tokens(towers.audio_tower, towers.embed_audio, *item.arrays)
+        pixels, positions = item.arrays
+        grid = (int(positions[:, 1].max()) + 1, int(positions[:, 0].max()) + 1)
+        towers = self.towers
+        return towers.embed_vision(towers.vision_tower(mx.array(pixels), mx.array(positions), grid))
