@@ -3,9 +3,7 @@
 import json
 import logging
 import os
-import signal
 import sys
-from contextlib import contextmanager
 from typing import List, Optional
 
 import click
@@ -15,11 +13,8 @@ from .loading import AUTO, DEFAULT_TARGET, QUANT_MODES, LoadError
 from .memory import DEFAULT_CONTEXT
 from .options import Options
 from .sampling import SettingsError
+from .chat_loop import media_parts, run_chat
 from .terminal import TokenPrinter, stats_line
-
-HELP = """Commands: /reset (forget the conversation), /stats (session figures),
-/mtp on|off (drafting), /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
-
 
 def _remember(ctx, param, value):
     ctx.meta[f"mlx_spec.{param.name}"] = value
@@ -54,17 +49,20 @@ def model_options(f):
         click.option("--seed", type=int, default=None, help="Random seed."),
         click.option("--max-tokens", "-m", type=int, default=512, show_default=True, help="Tokens per answer."),
         click.option("--thinking", is_flag=True, help="Let the model think before it answers (shown dimmed)."),
+        click.option("--image-tokens", type=click.Choice(["70", "140", "280", "560", "1120"]), default=None,
+                     help="Soft tokens per image [default: 280]."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=()) -> Options:
+def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=(),
+                 image_tokens=None) -> Options:
     """The command line's flags as Options, checked before any time is spent on loading."""
     return Options(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, seed=seed,
                    mtp=False if no_mtp else None, draft_tokens=draft_tokens, lookup=not no_lookup,
-                   thinking=thinking, stop=tuple(stop))
+                   thinking=thinking, stop=tuple(stop), image_tokens=int(image_tokens) if image_tokens else None)
 
 
 def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
@@ -93,97 +91,12 @@ def cli():
 @click.option("--system-prompt", default=None, help="System prompt for the conversation.")
 @click.option("--show-probs", is_flag=True, help="Colour tokens by probability; underline kept guesses.")
 def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-         thinking, system_prompt, show_probs):
+         thinking, image_tokens, system_prompt, show_probs):
     """Chat with Gemma 4; the KV cache is kept across turns."""
-    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking)
+    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking,
+                           image_tokens=image_tokens)
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
-    session = engine.chat(system_prompt=system_prompt, options=options)
-    interactive = sys.stdin.isatty()
-    printer = TokenPrinter(show_probs, sys.stdout.isatty())
-    totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
-    if interactive:
-        click.echo(f"mlx-spec chat: {engine.target_path.name}" + (f" + {engine.drafter_path.name}" if engine.drafter_path else ""))
-        click.echo(HELP)
-    while True:
-        line = read_line(interactive)
-        if line is None or line.strip() in ("/quit", "/exit", "/q"):
-            break
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("/"):
-            run_command(line, session, totals, engine)
-            continue
-        with interruptible() as stopped:
-            try:
-                for report in session.send(line, should_stop=lambda: stopped[0]):
-                    printer.print(report)
-            except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
-                click.echo(f"[{e}; /reset starts over]")
-                continue
-        printer.end()
-        stats = session.last_stats
-        totals["turns"] += 1
-        totals["tokens"] += stats.generated_tokens
-        totals["drafted"] += stats.drafted
-        totals["kept"] += stats.kept
-        if stopped[0]:
-            click.echo("[stopped]")
-        click.echo(stats_line(stats))
-
-
-def read_line(interactive: bool) -> Optional[str]:
-    while True:
-        try:
-            if interactive:
-                return input(">> ")
-            line = sys.stdin.readline()
-            return line if line else None
-        except EOFError:
-            return None
-        except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
-            click.echo()
-
-
-def run_command(line: str, session, totals: dict, engine) -> None:
-    parts = line.split()
-    name = parts[0]
-    if name == "/reset":
-        session.reset()
-        click.echo("[conversation cleared]")
-    elif name == "/stats":
-        kept = f"{totals['kept']}/{totals['drafted']}"
-        click.echo(
-            f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
-            f"{session.state.cached} positions cached, mtp {'off' if session.options.mtp is False else 'on'}, "
-            f"thinking {'on' if session.thinking else 'off'}]"
-        )
-    elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
-        session.set(mtp=None if parts[1] == "on" else False)
-        click.echo(f"[mtp {parts[1]}]")
-    elif name == "/thinking" and len(parts) == 2 and parts[1] in ("on", "off"):
-        session.set(thinking=parts[1] == "on")
-        click.echo(f"[thinking {parts[1]}]")
-    elif name == "/help":
-        click.echo(HELP)
-    else:
-        click.echo(f"[unknown command {line!r}; /help lists them]")
-
-
-@contextmanager
-def interruptible():
-    """While answering, Ctrl-C asks the answer to stop after the current token (the caches stay
-    consistent) instead of raising in the middle of a cycle."""
-    stopped = [False]
-
-    def handler(signum, frame):
-        stopped[0] = True
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield stopped
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    run_chat(engine, engine.chat(system_prompt=system_prompt, options=options), show_probs)
 
 
 @cli.command()
@@ -193,15 +106,21 @@ def interruptible():
 @click.option("--raw", is_flag=True, help="Send the prompt as plain text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per token, then a stats line.")
 @click.option("--stop", multiple=True, help="End the answer before this string (left out); may be given more than once.")
+@click.option("--image", "images", multiple=True, metavar="PATH", help="An image before the prompt (repeatable).")
+@click.option("--audio", "clips", multiple=True, metavar="PATH", help="A 16 kHz WAV clip before the prompt (repeatable).")
 def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-             thinking, prompt, system_prompt, raw, as_json, stop):
+             thinking, image_tokens, prompt, system_prompt, raw, as_json, stop, images, clips):
     """Answer one prompt."""
-    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop)
+    options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop,
+                           image_tokens)
+    if raw and (images or clips):
+        raise SettingsError("--image and --audio need the chat template: leave out --raw")
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    request = prompt if raw else messages + [{"role": "user", "content": prompt}]
+    request = prompt if raw else messages + [{"role": "user", "content": media_parts(images, clips) + [
+        {"type": "text", "text": prompt}]}]
     printer = TokenPrinter(False, sys.stdout.isatty())
     generation = engine.stream(request, options)
     for report in generation:
@@ -233,13 +152,16 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
 @click.option("--served-model-name", "served_names", multiple=True, metavar="NAME",
               help="The model's name in the API (repeatable: the first is the id answers carry, the others aliases). "
                    "The path or hub id, its last part and the family's short name (e2b, ...) are accepted too.")
+@click.option("--allow-files", is_flag=True, help="Let image and audio parts name local files of this machine.")
+@click.option("--allow-fetch", is_flag=True, help="Fetch image and audio parts given as http(s) URLs.")
 def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-          thinking, host, port, api_key, cache_gb, log_level, served_names):
+          thinking, image_tokens, host, port, api_key, cache_gb, log_level, served_names, allow_files, allow_fetch):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions) and the token page at /.
 
     The sampling flags, --max-tokens and --thinking are the defaults for requests that leave
     them out."""
-    defaults = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking)
+    defaults = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking,
+                            image_tokens=image_tokens)
     if cache_gb < 0:
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
     from .server import serve as run_server  # FastAPI and uvicorn only for this command
@@ -247,7 +169,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level,
-               served_names=served_names)
+               served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").
@@ -262,7 +184,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(table, args):
     """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
-    controlled, overhead, or all. `mlx-spec bench TABLE --help` lists its options."""
+    controlled, overhead, media, or all. `mlx-spec bench TABLE --help` lists its options."""
     from . import bench as tables
 
     if table in (None, "-h", "--help"):

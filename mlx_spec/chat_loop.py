@@ -1,0 +1,126 @@
+"""`mlx-spec chat`'s conversation loop: lines in, answers streamed out, slash commands between.
+
+`/image PATH` and `/audio PATH` attach media to the next message (as content parts before its
+text); the stats line after each answer counts the media's soft tokens.
+"""
+
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import click
+
+from .sampling import SettingsError
+from .terminal import TokenPrinter, stats_line
+
+HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
+/reset (forget the conversation), /stats (session figures), /mtp on|off (drafting),
+/thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
+
+
+def media_parts(images: Sequence[str] = (), clips: Sequence[str] = ()) -> List[dict]:
+    """Content parts for image and audio files, images first."""
+    return [{"type": "image", "image": p} for p in images] + [{"type": "audio", "audio": p} for p in clips]
+
+
+def run_chat(engine, session, show_probs: bool) -> None:
+    interactive = sys.stdin.isatty()
+    printer = TokenPrinter(show_probs, sys.stdout.isatty())
+    totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
+    attached: List[dict] = []
+    if interactive:
+        click.echo(f"mlx-spec chat: {engine.target_path.name}" + (f" + {engine.drafter_path.name}" if engine.drafter_path else ""))
+        click.echo(HELP)
+    while True:
+        line = read_line(interactive)
+        if line is None or line.strip() in ("/quit", "/exit", "/q"):
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            run_command(line, session, totals, attached)
+            continue
+        message = {"role": "user", "content": attached + [{"type": "text", "text": line}]} if attached else line
+        with interruptible() as stopped:
+            try:
+                for report in session.send(message, should_stop=lambda: stopped[0]):
+                    printer.print(report)
+            except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
+                click.echo(f"[{e}; /reset starts over]" + ("; the attachments are dropped" if attached else ""))
+                attached.clear()
+                continue
+        attached.clear()
+        printer.end()
+        stats = session.last_stats
+        totals["turns"] += 1
+        totals["tokens"] += stats.generated_tokens
+        totals["drafted"] += stats.drafted
+        totals["kept"] += stats.kept
+        if stopped[0]:
+            click.echo("[stopped]")
+        click.echo(stats_line(stats))
+
+
+def read_line(interactive: bool) -> Optional[str]:
+    while True:
+        try:
+            if interactive:
+                return input(">> ")
+            line = sys.stdin.readline()
+            return line if line else None
+        except EOFError:
+            return None
+        except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
+            click.echo()
+
+
+def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
+    parts = line.split(maxsplit=1)
+    name = parts[0]
+    if name in ("/image", "/audio") and len(parts) == 2:
+        path = Path(parts[1].strip()).expanduser()
+        if not path.is_file():
+            click.echo(f"[{path}: no such file]")
+            return
+        attached.extend(media_parts([str(path)]) if name == "/image" else media_parts((), [str(path)]))
+        click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")
+    elif name == "/reset":
+        session.reset()
+        attached.clear()
+        click.echo("[conversation cleared]")
+    elif name == "/stats":
+        kept = f"{totals['kept']}/{totals['drafted']}"
+        click.echo(
+            f"[session: {totals['turns']} turns, {totals['tokens']} tokens, guesses kept {kept}, "
+            f"{session.state.cached} positions cached, mtp {'off' if session.options.mtp is False else 'on'}, "
+            f"thinking {'on' if session.thinking else 'off'}]"
+        )
+    elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
+        session.set(mtp=None if parts[1] == "on" else False)
+        click.echo(f"[mtp {parts[1]}]")
+    elif name == "/thinking" and len(parts) == 2 and parts[1] in ("on", "off"):
+        session.set(thinking=parts[1] == "on")
+        click.echo(f"[thinking {parts[1]}]")
+    elif name == "/help":
+        click.echo(HELP)
+    else:
+        click.echo(f"[unknown command {line!r}; /help lists them]")
+
+
+@contextmanager
+def interruptible():
+    """While answering, Ctrl-C asks the answer to stop after the current token (the caches stay
+    consistent) instead of raising in the middle of a cycle."""
+    stopped = [False]
+
+    def handler(signum, frame):
+        stopped[0] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
