@@ -18,13 +18,14 @@ __all__ = ["create_app", "serve", "Worker"]
 
 def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str = "127.0.0.1", port: int = 8080,
           api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info",
-          served_names: Sequence[str] = ()) -> None:
+          served_names: Sequence[str] = (), allow_files: bool = False, allow_fetch: bool = False) -> None:
     """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
     running answers are stopped, the model's thread ends, and the call returns."""
     import uvicorn
 
     worker = Worker(load, int(cache_gb * 1e9))
-    app = create_app(worker, model_id, defaults, api_key, served_names=served_names)
+    app = create_app(worker, model_id, defaults, api_key, served_names=served_names, allow_files=allow_files,
+                     allow_fetch=allow_fetch)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -27,6 +27,7 @@ from ..options import Options
 from ..sampling import SettingsError
 from .body import described, invalid, parse
 from .generation import Done, Started, Token, generation, prompt_tokens
+from .media import screen_media
 from .names import ModelNames
 from .responses import ChatFormat, CompletionFormat
 from .schemas import APIError, ChatRequest, CompletionRequest
@@ -38,11 +39,13 @@ STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files,
 
 
 def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Optional[str] = None,
-               max_body_bytes: int = MAX_BODY_BYTES, served_names: Sequence[str] = ()) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, served_names: Sequence[str] = (), allow_files: bool = False,
+               allow_fetch: bool = False) -> FastAPI:
     """defaults: the server's settings for what a request leaves out (the command line's).
     served_names: the names clients may ask for (the first is the one answers carry); the
     model's path or hub id, its last part and the family's short name for its size are
-    accepted too."""
+    accepted too. allow_files / allow_fetch: whether media parts may name the server's local
+    files / http(s) URLs (see media.py)."""
     app = FastAPI(title="mlx-spec", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.worker = worker
     names = ModelNames(model_id, served_names, worker.engine)
@@ -115,7 +118,8 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
         check_model(req.model)
         top = req.top_logprobs or 0
         options = req.options(defaults)
-        tokens = await tokens_of(req.messages, options, req.active_tools)
+        messages = await asyncio.to_thread(screen_media, req.messages, allow_files, allow_fetch, max_body_bytes)
+        tokens = await tokens_of(messages, options, req.active_tools)
         form = ChatFormat(names.id, bool(req.logprobs), top, req.x_report)
         return await answer(request, worker.submit(generation(tokens, options)), form, req.stream, req.include_usage)
 

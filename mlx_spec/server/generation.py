@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
 from ..generation import ContextError, Generation, tokens_to_generate
+from ..media.items import Prepared
 from ..options import Options
 from ..reports import TokenReport
 from .schemas import APIError
@@ -37,8 +38,8 @@ class Done:
     text: str  # what the client was sent: up to a stop string, which is left out
 
 
-def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[dict]] = None) -> List[int]:
-    """The prompt's token ids, once it is known to fit the context. A text too long to fit by
+def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[dict]] = None) -> Prepared:
+    """The prompt's token ids and media, once it is known to fit the context. A text too long to fit by
     its length alone (more characters than the context's tokens could stand for, with a margin
     of two for normalisation) is refused before it is tokenized, which for megabytes of text
     takes seconds; this bound never refuses a prompt that fits."""
@@ -47,12 +48,12 @@ def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[di
         least = len(text) // (2 * engine.longest_token_chars)
         if least >= engine.context_length:
             raise context_exceeded(ContextError(least, options.max_tokens, engine.context_length), at_least=True)
-    tokens = engine.encode(prompt, tools, options.thinking)
+    prepared = engine.prepare(prompt, tools, options.thinking, options.image_tokens)
     try:
-        tokens_to_generate(len(tokens), options, engine.context_length)
+        tokens_to_generate(len(prepared.tokens), options, engine.context_length)
     except ContextError as e:
         raise context_exceeded(e) from None
-    return tokens
+    return prepared
 
 
 def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None, as_written: bool = False):

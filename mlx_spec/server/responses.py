@@ -33,6 +33,7 @@ def usage(prompt_tokens: int, done: Done) -> Dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": s.prompt_reused},
         "x_prompt_processed": s.prompt_tokens,
         "x_prompt_reused": s.prompt_reused,
+        "x_media_tokens": s.media_tokens,
         "x_drafted": s.drafted,
         "x_kept": s.kept,
         "x_prompt_tps": round(s.prompt_tps, 2),

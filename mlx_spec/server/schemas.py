@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
@@ -103,6 +104,14 @@ class ChatRequest(_Request):
     response_format: Optional[Dict[str, Any]] = None
     thinking: Optional[StrictBool] = None  # extension; or chat_template_kwargs.enable_thinking
     chat_template_kwargs: Optional[Dict[str, Any]] = None
+    image_tokens: Optional[StrictInt] = None  # extension: soft tokens per image (70, 140, 280, 560, 1120)
+
+    @field_validator("image_tokens")
+    @classmethod
+    def _image_tokens(cls, value):
+        if value is not None and value not in SOFT_TOKEN_BUDGETS:
+            raise ValueError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}")
+        return value
 
     @field_validator("messages")
     @classmethod
@@ -138,7 +147,8 @@ class ChatRequest(_Request):
         return bool(self.logprobs or self.x_report)
 
     def own_options(self, defaults: Options) -> Dict[str, Any]:
-        return {"thinking": defaults.thinking if self.enable_thinking is None else self.enable_thinking}
+        own = {"thinking": defaults.thinking if self.enable_thinking is None else self.enable_thinking}
+        return own if self.image_tokens is None else {**own, "image_tokens": self.image_tokens}
 
     @property
     def active_tools(self) -> Optional[List[Dict[str, Any]]]:
@@ -178,10 +188,13 @@ class CompletionRequest(_Request):
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# Text, and media as OpenAI sends them (image_url, input_audio) or as the chat template names them.
+PART_TYPES = ("text", "image_url", "input_audio", "image", "audio")
 
 
 def _message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
-    """A chat message as Google's template reads it: text content (parts joined; images refused),
+    """A chat message as Google's template reads it: text content (text parts joined; media parts
+    kept, for `Engine.prepare`),
     `developer` as `system`, and tool-call arguments as mappings (OpenAI sends JSON strings,
     which the template would write verbatim inside Gemma's braces)."""
     if not isinstance(message, dict) or message.get("role") not in ROLES:
@@ -191,11 +204,15 @@ def _message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
         out["role"] = "system"
     content = out.get("content")
     if isinstance(content, list):
-        if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-            raise ValueError(f"messages[{index}].content: only text parts are supported")
-        out["content"] = "".join(str(p.get("text", "")) for p in content)
+        if any(not isinstance(p, dict) or p.get("type") not in PART_TYPES for p in content):
+            raise ValueError(f"messages[{index}].content: the parts must be of types {', '.join(PART_TYPES)}")
+        if all(p["type"] == "text" for p in content):
+            out["content"] = "".join(str(p.get("text", "")) for p in content)
+        else:
+            out["content"] = [{"type": "text", "text": str(p.get("text", ""))} if p["type"] == "text" else p
+                              for p in content]
     elif content is not None and not isinstance(content, str):
-        raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
+        raise ValueError(f"messages[{index}].content must be a string or a list of content parts")
     if out["role"] == "assistant" and out.get("tool_calls"):
         out["tool_calls"] = [_tool_call(c, index) for c in out["tool_calls"]]
     if out["role"] == "tool" and isinstance(out.get("content"), str):
