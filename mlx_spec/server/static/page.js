@@ -7,6 +7,7 @@ const SETTINGS = ["mtp", "thinking", "temperature", "top_k", "top_p", "max_token
 let messages = [];
 let model = null;
 let controller = null;
+let attached = [];  // {kind: "image" | "audio", name, url (a data URL)}
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -104,8 +105,9 @@ class Answer {
 
   stats(usage, finish) {
     const kept = usage.x_drafted ? `guesses kept ${usage.x_kept}/${usage.x_drafted}` : "no drafting";
+    const media = usage.x_media_tokens ? `, ${usage.x_media_tokens} of them image and audio` : "";
     const line = `${usage.completion_tokens} tokens, ${usage.x_generation_tps.toFixed(1)} tok/s, ${kept}; ` +
-      `prompt ${usage.prompt_tokens} tokens (${usage.x_prompt_reused} reused, ${usage.x_prompt_processed} processed); ` +
+      `prompt ${usage.prompt_tokens} tokens (${usage.x_prompt_reused} reused, ${usage.x_prompt_processed} processed${media}); ` +
       `finish: ${finish}`;
     this.msg.append(el("div", "stats", line));
   }
@@ -115,9 +117,67 @@ class Answer {
   }
 }
 
-async function send(text) {
+// -- attachments: images and WAV audio, sent as content parts -----------------------------------
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attach(files) {
+  for (const file of files) {
+    const kind = file.type.startsWith("image/") ? "image" : /wav$/i.test(file.type) || /\.wav$/i.test(file.name) ? "audio" : null;
+    if (!kind) continue;
+    attached.push({ kind, name: file.name || kind, url: await readAsDataURL(file) });
+  }
+  showAttachments();
+}
+
+function mediaView(items) {
+  const strip = el("div", "media");
+  for (const item of items) {
+    if (item.kind === "image") {
+      const img = el("img", "thumb");
+      img.src = item.url;
+      img.alt = item.name;
+      strip.append(img);
+    } else {
+      strip.append(el("span", "clip", "♪ " + item.name));
+    }
+  }
+  return strip;
+}
+
+function showAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  attached.forEach((item, i) => {
+    const wrap = el("div", "attachment");
+    wrap.append(mediaView([item]));
+    const remove = el("button", "", "×");
+    remove.type = "button";
+    remove.title = "Remove";
+    remove.addEventListener("click", () => { attached.splice(i, 1); showAttachments(); });
+    wrap.append(remove);
+    box.append(wrap);
+  });
+  box.hidden = attached.length === 0;
+}
+
+function contentParts(text, items) {
+  const parts = items.map((item) => item.kind === "image"
+    ? { type: "image_url", image_url: { url: item.url } }
+    : { type: "input_audio", input_audio: { data: item.url.split(",")[1], format: "wav" } });
+  return parts.concat([{ type: "text", text }]);
+}
+
+async function send(text, items) {
   const answer = new Answer();
-  messages.push({ role: "user", content: text });
+  messages.push({ role: "user", content: items.length ? contentParts(text, items) : text });
   const request = {
     model, messages, stream: true, stream_options: { include_usage: true }, x_report: true,
     mtp: $("mtp").checked ? undefined : false, thinking: $("thinking").checked,
@@ -251,8 +311,24 @@ $("composer").addEventListener("submit", (e) => {
   const text = $("prompt").value.trim();
   if (!text || controller) return;
   $("prompt").value = "";
-  addMessage("user", text);
-  send(text);
+  const items = attached;
+  attached = [];
+  showAttachments();
+  const shown = addMessage("user", text);
+  if (items.length) shown.insertBefore(mediaView(items), shown.querySelector(".body"));
+  send(text, items);
+});
+$("attach").addEventListener("change", (e) => { attach(Array.from(e.target.files)); e.target.value = ""; });
+$("prompt").addEventListener("paste", (e) => {
+  const files = Array.from(e.clipboardData.files || []);
+  if (files.length) { e.preventDefault(); attach(files); }
+});
+$("composer").addEventListener("dragover", (e) => { e.preventDefault(); $("composer").classList.add("dropping"); });
+$("composer").addEventListener("dragleave", () => $("composer").classList.remove("dropping"));
+$("composer").addEventListener("drop", (e) => {
+  e.preventDefault();
+  $("composer").classList.remove("dropping");
+  attach(Array.from(e.dataTransfer.files || []));
 });
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey) {
