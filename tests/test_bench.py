@@ -89,6 +89,28 @@ def test_controlled(tiny_models, tmp_path):
     assert {bar["bar"].split(" ")[0] for bar in data["bars"]} >= {"pre-built", "exposed"}
 
 
+def test_media_with_an_image_the_script_draws(checkpoints, tmp_path):
+    """`mlx-spec bench media` on a tiny E2B in google's layout (its vision tower): the encoder's
+    time, the first token's, and MTP on equal to off after the image; a text-only model is
+    skipped with the reason."""
+    import tiny
+
+    target = tiny.build_target(tmp_path / "target", layout="google")
+    out = tmp_path / "media"
+    proc = mlx_spec_bench("media", "--model", str(target), "--drafter", str(checkpoints["assistant"]), "--quick",
+                          "--out", str(out), cwd=tmp_path)
+    data = json.loads((out / "media.json").read_text())
+    assert [r["sampling"] for r in data["runs"]] == ["greedy", "gemma"]
+    for run in data["runs"]:
+        assert run["encoder_ms"] > 0 and run["first_token_ms"] > 0 and run["image_tokens"] > 0
+        assert run["same_tokens"] == "yes" and run["mtp_on"]["drafted"] > 0 and run["mlx_lm_text_only"]["tps"] > 0
+    assert "| greedy |" in proc.stdout and "first token ms" in proc.stdout
+    assert 'alt="Decoding with a ' in (out / "report.html").read_text() and (out / "plots" / "media-1.png").is_file()
+    skipped = mlx_spec_bench("media", "--model", str(checkpoints["text"]), "--drafter", str(checkpoints["assistant"]),
+                             "--quick", "--out", str(tmp_path / "skipped"), cwd=tmp_path)
+    assert "Skipped: this model takes no image" in skipped.stdout and "text-only checkpoint" in skipped.stdout
+
+
 def test_two_revisions_side_by_side(tiny_models, tmp_path):
     """bench/ab.py: the committed revision and the working tree, each in its own process."""
     stdout, data = run_script("ab", "--base", "HEAD", "--rounds", "2", "--runs", "0.5:2,0:off", "--max-tokens", "8",
@@ -217,6 +239,7 @@ def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
     assert "machine: " in block and "7 positions / 1 at context 128" in block
     assert "tool call (greedy): MTP g=6" in block and f"report: {out / 'report.html'}" in block
     assert {r["workload"] for r in json.loads((out / "acceptance.json").read_text())["runs"]} == {"tool call"}
+    assert "takes no image" in (out / "media.md").read_text()  # random weights: no tokenizer, no towers
     # The overhead table (E2B's structure at narrow widths), predicting from this run's positions.
     data = json.loads((out / "overhead.json").read_text())
     assert sorted(int(g) for g in data["build_ms"]) == list(range(9)) and data["mlx_lm_build_ms"] > 0

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead"]
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -182,5 +182,22 @@ def _overhead(data: dict) -> list:
     return [("Host cost of building one cycle", draw)]
 
 
+def _media(data: dict) -> list:
+    runs = data.get("runs", [])
+    if not runs:  # skipped: the model takes no image
+        return []
+
+    def draw(ax):
+        labels = ["MTP off", "MTP g=6", "default"]
+        width = 0.8 / len(runs)
+        for i, run in enumerate(runs):
+            rates = [run["mtp_off"]["tps"], run["mtp_on"]["tps"], run["default"]["tps"]]
+            ax.bar([x + i * width for x in range(len(labels))], rates, width, label=run["sampling"])
+        ax.set_xticks([x + width * (len(runs) - 1) / 2 for x in range(len(labels))], labels)
+        ax.set_ylabel("tok/s, an image in the prompt")
+
+    return [(f"Decoding with a {runs[0]['image_tokens']}-token image in the prompt", draw)]
+
+
 FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
-           "controlled": _controlled, "overhead": _overhead}
+           "controlled": _controlled, "overhead": _overhead, "media": _media}

@@ -47,14 +47,15 @@ def rate(times) -> float:
 
 
 def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, draft_tokens=None, drafter=None,
-             lookup=True, report=False):
-    """mlx-spec: by default as users get it (adaptive draft length, lookup + MTP)."""
+             lookup=True, report=False, spans=()):
+    """mlx-spec: by default as users get it (adaptive draft length, lookup + MTP). `spans`: the
+    prompt's images and audio (`engine.prepare`)."""
     decoder = engine.decoder(
         temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed or 0,
         mtp=mtp, draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
     )
     state = SequenceState(engine.target)
-    decoder.add_tokens(state, prompt)
+    decoder.add_tokens(state, prompt, spans)
     stream = decoder.generate(state, max_tokens)
     if engine.tokenizer is not None:
         stream = engine.with_text(stream)  # detokenize, as stream_generate does
