@@ -1,18 +1,21 @@
 """The MLX audio tower equals transformers' `Gemma4AudioModel` + `Gemma4MultimodalEmbedder` on
 tiny random configs (clipped linears on and off, chunk geometries with several blocks), on clips
 whose features come from `audio_features`, keeping the valid soft tokens as `Gemma4Model` does;
-the token count is `audio_tokens`'; a checkpoint that lacks or misshapes a weight is refused."""
+the token count is `audio_tokens`'; a checkpoint's files in google's layout and in mlx-vlm's
+(quantized) load to the same tokens; a checkpoint that lacks or misshapes a weight is refused."""
 
 import functools
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
 from mlx_spec.loading import LoadError
 from mlx_spec.media.audio import SAMPLE_RATE, audio_features, audio_tokens
-from mlx_spec.media.audio_tower import AudioTower, AudioWeightsError, audio_tower_weights
+from mlx_spec.media.audio_tower import AudioTower, AudioWeightsError, audio_tower_weights, soft_tokens
+from mlx_spec.media.towers import TowerMedia
 
 torch = pytest.importorskip("torch")
 
@@ -141,3 +144,42 @@ def test_missing_or_misshapen_weights_are_named():
         mlx_tower("clipped", transposed)
     with pytest.raises(LoadError, match="does not use: model.audio_tower.layers.0.feed_forward1.ffw_layer_1.input_max"):
         mlx_tower("unclipped", oracle("clipped")[2])
+
+
+def save_google(folder, name):
+    """The tower and embedder of config `name` as google's checkpoint files hold them."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in oracle(name)[2].items()}, str(folder / "model.safetensors"))
+    return {"model_type": "gemma4", "text_config": {"hidden_size": TEXT_HIDDEN}, "audio_config": CONFIGS[name]}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_checkpoint_s_files_give_transformers_tokens(tmp_path, name):
+    """What a prompt runs: the encoder of a google-layout checkpoint (`TowerMedia`, reading the
+    safetensors lazily), from the clip's samples to its soft tokens."""
+    media = TowerMedia(tmp_path, save_google(tmp_path, name))
+    samples = clip(SAMPLE_RATE)
+    item = media.audio(samples)
+    assert item.tokens == audio_tokens(SAMPLE_RATE)
+    expected = expected_tokens(name, audio_features(samples))
+    assert np.abs(np.array(media.embed(item)) - expected).max() <= 1e-4
+
+
+def test_the_mlx_community_layout_loads_quantized(tmp_path):
+    """mlx-vlm's conversion: no `model.` prefix, convolution kernels already in MLX's layout, the
+    conformer's projections quantized at 4 bits: it loads as the module that was saved, giving
+    the same tokens bit for bit."""
+    config = save_google(tmp_path / "google", "clipped")
+    saved = TowerMedia(tmp_path / "google", config).towers
+    nn.quantize(saved, group_size=32, bits=4, class_predicate=lambda path, m: path.endswith(".linear"))
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(saved.parameters())))
+    media = TowerMedia(converted, {**config, "quantization": {"group_size": 32, "bits": 4}})
+    item = media.audio(clip(SAMPLE_RATE))
+    ours = media.embed(item)
+    assert {m.bits for _, m in media.towers.named_modules() if hasattr(m, "scales")} == {4}
+    features, mask = item.arrays
+    assert mx.array_equal(ours, soft_tokens(saved.audio_tower, saved.embed_audio, features, mask))

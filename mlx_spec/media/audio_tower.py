@@ -27,6 +27,7 @@ from ..loading import LoadError
 
 TOWER, EMBEDDER = "model.audio_tower.", "model.embed_audio."
 CONV_WEIGHTS = (".conv.weight", ".depthwise_conv1d.weight")
+CLIP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 ACTIVATIONS = {"silu": nn.silu, "swish": nn.silu, "gelu": nn.gelu, "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu}
 DEFAULT_NORM_EPS = 1e-6  # Gemma4RMSNorm's own default, which some of the tower's norms keep
 
@@ -331,13 +332,18 @@ def soft_tokens(conformer: Conformer, embedder: AudioEmbedder, features, mask) -
     return embedder(hidden[0][keep])
 
 
-def to_mlx_kernels(weights: Mapping[str, mx.array], wanted: Mapping[str, mx.array]) -> Dict[str, mx.array]:
-    """Convolution kernels in PyTorch's layout (google's checkpoints) moved to MLX's; kernels
-    already in MLX's layout (mlx-vlm's conversions) are kept. `wanted`: the module's parameters."""
+def to_module_layout(weights: Mapping[str, mx.array], wanted: Mapping[str, mx.array]) -> Dict[str, mx.array]:
+    """Convolution kernels in PyTorch's layout (google's checkpoints) moved to MLX's, and clip
+    bounds stored as one-element arrays made scalars; kernels already in MLX's layout (mlx-vlm's
+    conversions) are kept. `wanted`: the module's parameters."""
     moved = dict(weights)
     for name, value in weights.items():
-        if name.endswith(CONV_WEIGHTS) and name in wanted and value.shape != wanted[name].shape:
+        if name not in wanted or value.shape == wanted[name].shape:
+            continue
+        if name.endswith(CONV_WEIGHTS):
             moved[name] = mx.moveaxis(value, 1, -1)
+        elif name.endswith(CLIP_BOUNDS) and value.size == 1:
+            moved[name] = value.reshape(wanted[name].shape)
     return moved
 
 

@@ -13,16 +13,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .audio import MAX_SAMPLES, MediaError, audio_features, audio_tokens, read_audio
-from .audio_tower import AudioConfig, AudioEmbedder, Conformer, soft_tokens, to_mlx_kernels
+from .audio_tower import CLIP_BOUNDS, AudioConfig, AudioEmbedder, Conformer, soft_tokens, to_module_layout
 from .images import image_patches
 from .items import AUDIO, IMAGE, MediaItem
 from .prompt import MediaTokens
 from .unified import MultimodalEmbedder
 from .vision_tower import VisionTower, vision_config
 from .weights import load_media_module, read_media_weights
-
-_CLIP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
-
 
 class Towers(nn.Module):
     """The towers and their embedders into the text model's width, named as the checkpoint."""
@@ -67,12 +64,12 @@ class TowerMedia:
             towers = Towers(self.config)
             prefixes = [p for p, part in (("vision_tower.", IMAGE), ("embed_vision.", IMAGE), ("audio_tower.", AUDIO),
                                           ("embed_audio.", AUDIO)) if self.can[part]]
-            weights = to_mlx_kernels(read_media_weights(self.path, prefixes), dict(tree_flatten(towers.parameters())))
+            weights = to_module_layout(read_media_weights(self.path, prefixes), dict(tree_flatten(towers.parameters())))
             self._towers = load_media_module(towers, weights, self.config, self.path, self._used)
 
     def _used(self, key: str) -> bool:
         """Clip bounds are written by some converters even where the config turns clipping off."""
-        if not key.endswith(_CLIP_BOUNDS):
+        if not key.endswith(CLIP_BOUNDS):
             return True
         if key.startswith("audio_tower."):
             return self.audio_config.use_clipped_linears
