@@ -162,6 +162,37 @@ def test_wav_files_read_as_mono_16k(width, channels, tmp_path):
         assert np.abs(read - clip).max() <= 2.0 / 2 ** (8 * width - 1) + 1e-6
 
 
+def flac_bytes(samples: np.ndarray, rate=16_000, channels=1) -> bytes:
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, np.repeat(samples[:, None], channels, axis=1), rate, format="FLAC", subtype="PCM_16")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_flac_reads_as_its_wav_does(channels, tmp_path):
+    """Another format goes through soundfile (libsndfile's decoder, not ours) to the samples of
+    the 16-bit WAV of the same clip (FLAC is lossless; the writers round to 16 bits apart by one
+    step at most)."""
+    pytest.importorskip("soundfile", reason="soundfile (the audio extra) is not installed")
+    clip = speech(0.05)
+    path = tmp_path / "a.flac"
+    path.write_bytes(flac_bytes(clip, channels=channels))
+    expected = read_wav(wav_bytes(clip, channels=channels))
+    for source in (path, path.read_bytes()):
+        read = read_wav(source)
+        assert read.dtype == np.float32 and np.abs(read - expected).max() <= 1.5 / 2 ** 15
+    with pytest.raises(MediaError, match=r"audio at 44100 Hz: Gemma 4 takes 16000 Hz"):
+        read_wav(flac_bytes(clip, rate=44_100))
+
+
+def test_without_soundfile_another_format_names_the_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "soundfile", None)  # as if it were not installed
+    with pytest.raises(MediaError, match=r'not a PCM WAV file.*need soundfile: pip install "mlx-spec\[audio\]"'):
+        read_wav(b"fLaC\x00\x00\x00\x22 not really")
+
+
 def test_bad_audio_is_refused_by_name(tmp_path):
     with pytest.raises(MediaError, match=r"no such file"):
         read_wav(tmp_path / "missing.wav")

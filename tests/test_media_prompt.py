@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import tiny
+from test_media_preprocessing import flac_bytes
 from mlx_spec import load
 from mlx_spec.decoder import SequenceState
 from mlx_spec.media import MediaError
@@ -251,6 +252,8 @@ def test_content_parts_in_every_shape_give_the_same_prompt(engine):
         [{"type": "image_url", "image_url": {"url": data_url}},
          {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes(audio)).decode(), "format": "wav"}}],
         [{"type": "image", "image": png.getvalue()}, {"type": "audio", "audio": (audio, 16_000)}],
+        [{"type": "image", "image": png.getvalue()},
+         {"type": "input_audio", "input_audio": {"data": base64.b64encode(flac_bytes(audio)).decode(), "format": "flac"}}],
     ]
     prepared = [engine.prepare(messages(*parts), image_tokens=IMAGE_TOKENS) for parts in shapes]
     assert all(p[0] == prepared[0][0] for p in prepared)
@@ -265,7 +268,8 @@ def test_content_parts_in_every_shape_give_the_same_prompt(engine):
     ({"type": "image_url", "image_url": {"url": "data:image/png,rawtext"}}, "must be base64"),
     ({"type": "image", "image": b"not an image"}, "not an image Pillow can read"),
     ({"type": "image", "image": "/no/such/picture.png"}, "no such file"),
-    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, "format 'mp3'"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}, "format 'aac'.*wav, mp3, flac, ogg"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, "nor a format soundfile reads"),
     ({"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF").decode()}}, "not a PCM WAV"),
     ({"type": "audio", "audio": (np.zeros(100, np.float32), 44_100)}, "44100 Hz"),
     ({"type": "audio", "audio": np.zeros(0, np.float32)}, "empty"),

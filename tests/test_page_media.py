@@ -1,7 +1,7 @@
-"""Attaching an image and a WAV clip on the page, in a real headless chromium, against a real
-`mlx-spec serve` on the 12B's tiny multimodal checkpoint: the files go through the page's own
-file input (as a picker, paste or drop hands them over), show as a thumbnail and a clip in the
-conversation, and the answer is `Engine.generate`'s over the same files."""
+"""Attaching an image and a clip (WAV, then FLAC) on the page, in a real headless chromium,
+against a real `mlx-spec serve` on the 12B's tiny multimodal checkpoint: the files go through the
+page's own file input (as a picker, paste or drop hands them over), show as a thumbnail and a
+clip in the conversation, and the answer is `Engine.generate`'s over the same files."""
 
 import base64
 
@@ -11,6 +11,7 @@ from selenium.webdriver.common.by import By
 import tiny
 from mlx_spec import load
 from serving import Server
+from test_media_preprocessing import flac_bytes
 from test_media_prompt import clip, wav_bytes
 import test_page
 from test_server_media import IMAGE_TOKENS, png_bytes
@@ -33,13 +34,15 @@ def server(pair):
     s.stop()
 
 
-def test_an_attached_image_and_clip_give_generate_s_answer(server, browser, pair, tmp_path):
-    image, audio = png_bytes(3), wav_bytes(clip())
+@pytest.mark.parametrize("audio_format", ["wav", "flac"])
+def test_an_attached_image_and_clip_give_generate_s_answer(server, browser, pair, tmp_path, audio_format):
+    image, audio = png_bytes(3), {"wav": wav_bytes, "flac": flac_bytes}[audio_format](clip())
+    clip_name = f"purr.{audio_format}"
     (tmp_path / "cat.png").write_bytes(image)
-    (tmp_path / "purr.wav").write_bytes(audio)
+    (tmp_path / clip_name).write_bytes(audio)
     messages = [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(image).decode()}},
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(audio).decode(), "format": "wav"}},
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(audio).decode(), "format": audio_format}},
         {"type": "text", "text": QUESTION}]}]
     engine = load(str(pair["text"]), str(pair["assistant"]))
     expected = engine.generate(messages, max_tokens=LIMIT, image_tokens=IMAGE_TOKENS)
@@ -49,14 +52,14 @@ def test_an_attached_image_and_clip_give_generate_s_answer(server, browser, pair
     limit = browser.find_element(By.ID, "max_tokens")
     limit.clear()
     limit.send_keys(str(LIMIT))
-    browser.find_element(By.ID, "attach").send_keys(f"{tmp_path / 'cat.png'}\n{tmp_path / 'purr.wav'}")
+    browser.find_element(By.ID, "attach").send_keys(f"{tmp_path / 'cat.png'}\n{tmp_path / clip_name}")
     strip = browser.find_element(By.ID, "attachments")
     assert len(strip.find_elements(By.CSS_SELECTOR, ".attachment")) == 2
     answer = send(browser, QUESTION)
 
     asked = browser.find_elements(By.CSS_SELECTOR, ".msg.user")[-1]
     assert [i.get_attribute("alt") for i in asked.find_elements(By.CSS_SELECTOR, "img.thumb")] == ["cat.png"]
-    assert "purr.wav" in asked.find_element(By.CSS_SELECTOR, ".clip").text
+    assert clip_name in asked.find_element(By.CSS_SELECTOR, ".clip").text
     assert not strip.is_displayed()  # sent attachments leave the composer
     words = answer.find_elements(By.CSS_SELECTOR, ".body > .tok")
     shown = [s for s in expected.steps if s.text and s.channel == "answer"]

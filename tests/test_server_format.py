@@ -98,7 +98,7 @@ def test_stop_strings_across_tokens():
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "video_url"}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "0.5"}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),

@@ -100,7 +100,8 @@ def test_the_next_request_reuses_the_image(client, engine):
     ({"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}, 400, "--allow-files"),
     ({"type": "image_url", "image_url": 7}, 400, "image_url must be"),
     ({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}, 400, "not a PCM WAV"),
-    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, 400, "'mp3'"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}, 400, "'aac'"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, 400, "nor a format soundfile reads"),
     ({"type": "video_url", "video_url": {"url": "x"}}, 400, "parts must be of types"),
 ])
 def test_bad_media_get_a_clear_4xx_and_the_server_stays_healthy(server, client, part, status, words):

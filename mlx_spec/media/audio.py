@@ -3,7 +3,8 @@ it: 16 kHz mono samples in [-1, 1], padded to a multiple of 128 samples (at most
 audio is cut, as there), framed semi-causally (20 ms frames every 10 ms, half a frame of silence
 before the first), a periodic Hann window, the magnitude of a 512-point FFT, 128 HTK mel bands
 from 0 to 8 kHz, and the log of (mel + 0.001). Frames that reach into the padding are masked and
-zeroed. WAV files are read with the standard library.
+zeroed. WAV files are read with the standard library; other formats (FLAC, OGG, MP3) with
+soundfile where it is installed (an optional extra: `pip install "mlx-spec[audio]"`).
 """
 
 import io
@@ -39,20 +40,22 @@ class AudioFeatures:
 
 
 def read_wav(source: Union[str, Path, bytes]) -> np.ndarray:
-    """A WAV file (path or bytes: 8/16/24/32-bit PCM, any channel count) as 16 kHz mono float32
-    samples in [-1, 1]. Other rates are refused with the rate named: resampling would change the
-    features, and transformers' extractor takes 16 kHz only."""
+    """An audio file (path or bytes) as 16 kHz mono float32 samples in [-1, 1]: PCM WAV (8, 16,
+    24 or 32 bits, any channel count) by the standard library, another format through soundfile
+    where it is installed. Other rates are refused with the rate named: resampling would change
+    the features, and transformers' extractor takes 16 kHz only."""
+    if not isinstance(source, (bytes, bytearray)):
+        source = Path(source).expanduser()
+        if not source.is_file():
+            raise MediaError(f"audio {source}: no such file")
     try:
-        handle = wave.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(Path(source).expanduser()))
-    except FileNotFoundError:
-        raise MediaError(f"audio {source}: no such file") from None
+        handle = wave.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source))
     except (wave.Error, EOFError) as e:
-        raise MediaError(f"not a PCM WAV file ({e}); for other formats, convert to 16 kHz WAV first") from None
+        return _read_other(source, f"not a PCM WAV file ({e})")
     with handle:
         rate, channels, width = handle.getframerate(), handle.getnchannels(), handle.getsampwidth()
         raw = handle.readframes(handle.getnframes())
-    if rate != SAMPLE_RATE:
-        raise MediaError(f"audio at {rate} Hz: Gemma 4 takes 16000 Hz; resample it first")
+    _check_rate(rate)
     if width == 1:
         samples = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128) / 128
     elif width in (2, 4):
@@ -67,14 +70,34 @@ def read_wav(source: Union[str, Path, bytes]) -> np.ndarray:
     return samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
 
 
+def _read_other(source: Union[Path, bytes], not_wav: str) -> np.ndarray:
+    """FLAC, OGG, MP3 (what libsndfile reads) through soundfile, the optional `audio` extra."""
+    try:
+        import soundfile
+    except ImportError:
+        raise MediaError(f"{not_wav}; other formats (FLAC, OGG, MP3) need soundfile: pip install "
+                         f"\"mlx-spec[audio]\", or convert to 16 kHz WAV first") from None
+    try:
+        samples, rate = soundfile.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source,
+                                       dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises LibsndfileError, RuntimeError or TypeError by format
+        raise MediaError(f"{not_wav} nor a format soundfile reads ({e}); convert to 16 kHz WAV first") from None
+    _check_rate(rate)
+    return samples.mean(axis=1, dtype=np.float32)
+
+
+def _check_rate(rate: int) -> None:
+    if rate != SAMPLE_RATE:
+        raise MediaError(f"audio at {rate} Hz: Gemma 4 takes 16000 Hz; resample it first")
+
+
 def read_audio(source) -> np.ndarray:
     """16 kHz mono float32 samples from a WAV path or bytes, a (samples, rate) pair or samples."""
     if isinstance(source, (str, Path, bytes, bytearray)):
         return read_wav(bytes(source) if isinstance(source, bytearray) else source)
     if isinstance(source, tuple) and len(source) == 2:
         samples, rate = source
-        if rate != SAMPLE_RATE:
-            raise MediaError(f"audio at {rate} Hz: Gemma 4 takes {SAMPLE_RATE} Hz; resample it first")
+        _check_rate(rate)
         source = samples
     samples = np.asarray(source, dtype=np.float32)
     if samples.ndim == 2:  # (samples, channels)

@@ -110,6 +110,10 @@ def _kind(part: Any) -> Optional[str]:
     return IMAGE if kind in _IMAGE_TYPES else AUDIO if kind in _AUDIO_TYPES else None
 
 
+# WAV always; the others through soundfile where it is installed (the content decides, not the name).
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+
+
 def _value(part: dict, kind: str, where: str, allow_files: bool) -> Any:
     """What a media part holds, decoded from a URL or base64 where it is given so."""
     kind_of_part = part["type"]
@@ -117,8 +121,9 @@ def _value(part: dict, kind: str, where: str, allow_files: bool) -> Any:
         body = part.get("input_audio")
         if not isinstance(body, dict) or not isinstance(body.get("data"), str):
             raise MediaError(f"{where}: input_audio must be {{'data': base64 audio, 'format': 'wav'}}")
-        if body.get("format", "wav") != "wav":
-            raise MediaError(f"{where}: audio format {body.get('format')!r} is not supported; send WAV")
+        if body.get("format", "wav") not in AUDIO_FORMATS:
+            raise MediaError(f"{where}: audio format {body.get('format')!r} is not supported; send one of "
+                             f"{', '.join(AUDIO_FORMATS)}")
         return _base64(body["data"], where)
     if kind_of_part in ("image_url", "input_image"):
         url = part.get(kind_of_part)

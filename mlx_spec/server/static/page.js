@@ -117,7 +117,7 @@ class Answer {
   }
 }
 
-// -- attachments: images and WAV audio, sent as content parts -----------------------------------
+// -- attachments: images and audio, sent as content parts -----------------------------------
 
 function readAsDataURL(file) {
   return new Promise((resolve, reject) => {
@@ -128,11 +128,22 @@ function readAsDataURL(file) {
   });
 }
 
+// The audio formats the server reads (WAV always; the others where it has soundfile), by the
+// file's extension or, failing that, its type.
+const AUDIO_FORMATS = { wav: "wav", "x-wav": "wav", wave: "wav", flac: "flac", ogg: "ogg", mp3: "mp3", mpeg: "mp3" };
+
+function audioFormat(file) {
+  const extension = (file.name.match(/\.(\w+)$/) || [])[1];
+  const subtype = file.type.startsWith("audio/") ? file.type.slice(6) : undefined;
+  return AUDIO_FORMATS[(extension || "").toLowerCase()] || AUDIO_FORMATS[subtype];
+}
+
 async function attach(files) {
   for (const file of files) {
-    const kind = file.type.startsWith("image/") ? "image" : /wav$/i.test(file.type) || /\.wav$/i.test(file.name) ? "audio" : null;
+    const format = file.type.startsWith("image/") ? undefined : audioFormat(file);
+    const kind = file.type.startsWith("image/") ? "image" : format ? "audio" : null;
     if (!kind) continue;
-    attached.push({ kind, name: file.name || kind, url: await readAsDataURL(file) });
+    attached.push({ kind, format, name: file.name || kind, url: await readAsDataURL(file) });
   }
   showAttachments();
 }
@@ -171,7 +182,7 @@ function showAttachments() {
 function contentParts(text, items) {
   const parts = items.map((item) => item.kind === "image"
     ? { type: "image_url", image_url: { url: item.url } }
-    : { type: "input_audio", input_audio: { data: item.url.split(",")[1], format: "wav" } });
+    : { type: "input_audio", input_audio: { data: item.url.split(",")[1], format: item.format } });
   return parts.concat([{ type: "text", text }]);
 }
 
