@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import tiny
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"  # the repository's own tools (ab, lookup)
 
 
@@ -69,6 +71,42 @@ def test_acceptance(tiny_models, tmp_path):
             assert run["same_as_mlx_lm"] == "yes"
 
 
+def stated_head_size(folder: Path) -> Path:
+    """transformers 5.24 saves a tiny config's full-layer head size as a per-layer override, which
+    mlx-vlm 0.7.10 does not read (it falls back to 512); the published configs state
+    `global_head_dim`, as this makes the tiny one do. Nothing else changes."""
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["global_head_dim"] = tiny.GLOBAL_HEAD_DIM
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_acceptance_beside_mlx_vlm(tmp_path):
+    """mlx-vlm's Gemma 4 MTP on the same prompts in the same run (E2B's tiny google-layout pair):
+    its tok/s, guesses kept, mlx-spec over it, and its greedy output against ours without MTP."""
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm (the peers extra) is not installed")
+    target = stated_head_size(tiny.build_target(tmp_path / "target", layout="google"))
+    drafter = stated_head_size(tiny.build_family_assistant(tmp_path / "assistant", "e2b"))
+    stdout, data = run_script("acceptance", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "24",
+                              "--workloads", "tool call", tmp_path=tmp_path)
+    assert "mlx_vlm" in data["machine"] and data["machine"]["mlx_vlm"]
+    for run in data["runs"]:
+        vlm = run["mlx_vlm"]
+        assert vlm["tps"] > 0 and 0 <= vlm["kept"] <= vlm["drafted"] and vlm["drafted"] > 0
+        # Its greedy output is the target's too (a float32 model: no near ties to round apart).
+        assert vlm["same_tokens"] == ("yes" if run["sampling"] == "greedy" else "-")
+    assert "mlx-spec g=6 / mlx-vlm" in stdout and "mlx-vlm is not installed" not in stdout
+
+
+def test_without_mlx_vlm_the_table_says_how_to_add_it(monkeypatch):
+    from mlx_spec.bench import peers
+
+    monkeypatch.setattr(peers, "available", lambda: False)
+    assert peers.open_peer(object(), random_weights=False) == (None, peers.MISSING)
+    assert 'pip install "mlx-spec[peers]"' in peers.MISSING
+    assert "random weights" in peers.open_peer(object(), random_weights=True)[1]
+
+
 def test_draft_length(tiny_models, tmp_path):
     _, data = run_script("draft_length", *tiny_models, "--max-g", "2", "--max-tokens", "6", "--workloads", "English code", "--repeats", "1", tmp_path=tmp_path)
     (workload,) = data["workloads"]
@@ -93,8 +131,6 @@ def test_media_with_an_image_the_script_draws(checkpoints, tmp_path):
     """`mlx-spec bench media` on a tiny E2B in google's layout (its vision tower): the encoder's
     time, the first token's, and MTP on equal to off after the image; a text-only model is
     skipped with the reason."""
-    import tiny
-
     target = tiny.build_target(tmp_path / "target", layout="google")
     out = tmp_path / "media"
     proc = mlx_spec_bench("media", "--model", str(target), "--drafter", str(checkpoints["assistant"]), "--quick",

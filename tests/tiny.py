@@ -68,6 +68,9 @@ CORPUS = [
 _NOT_UNIFIED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
 
 
+GLOBAL_HEAD_DIM = 64  # the full layers' head size (32 on sliding ones)
+
+
 def _text_config(unified: bool = False, **overrides):
     """A tiny Gemma4TextConfig, or with `unified` the 12B's Gemma4UnifiedTextConfig."""
     from transformers import Gemma4TextConfig, Gemma4UnifiedTextConfig
@@ -76,7 +79,7 @@ def _text_config(unified: bool = False, **overrides):
     config = dict(
         vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=HIDDEN,
         intermediate_size=96, num_hidden_layers=len(layer_types), num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, global_head_dim=64, hidden_size_per_layer_input=16,
+        num_key_value_heads=1, head_dim=32, global_head_dim=GLOBAL_HEAD_DIM, hidden_size_per_layer_input=16,
         num_kv_shared_layers=4, sliding_window=WINDOW, final_logit_softcapping=30.0,
         use_double_wide_mlp=True, layer_types=layer_types, rope_parameters=ROPE,
         max_position_embeddings=4096, initializer_range=0.05, pad_token_id=0,

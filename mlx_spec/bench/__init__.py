@@ -139,7 +139,9 @@ def summary(folder: Path) -> str:
             lines.append(f"{r['workload']} ({r['sampling']}): MTP g=6 {r['speedup']:.2f}x, default "
                          f"{r['default']['tps'] / r['mtp_off']['tps'] if r['mtp_off']['tps'] else 0:.2f}x over MTP off; "
                          f"kept {r['mtp_on']['kept']}/{r['mtp_on']['drafted']}; "
-                         f"mlx-lm {r['mlx_lm']['tps']:.1f} tok/s; same tokens: {r['same_tokens']}")
+                         f"mlx-lm {r['mlx_lm']['tps']:.1f} tok/s; same tokens: {r['same_tokens']}"
+                         + (f"; mlx-spec g=6 / mlx-vlm MTP {r['mtp_on']['tps'] / r['mlx_vlm']['tps']:.2f}x"
+                            if r.get("mlx_vlm", {}).get("tps") else ""))
     if tables["controlled"]:
         for point in tables["controlled"]["sweep"]:
             if point["acceptance"] in (0.5, 1.0):

@@ -1,6 +1,8 @@
 """The seed's acceptance table: four workloads (and a copy), with Gemma's default sampling and
 greedy; tok/s without MTP, with MTP (6 guesses, as the seed), guesses kept, speed-up, mlx-spec's
-default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same prompt as the anchor.
+default (adaptive draft length, prompt lookup + MTP), and mlx-lm on the same prompt as the anchor;
+where mlx-vlm is installed, its MTP on the same prompt (asked for 6 guesses a round; its own rule
+may draft fewer), and mlx-spec over it.
 The loop efficiency of the g = 6 run: its cycles' device time, each measured alone, over its
 wall time (1.0: the device never waited for the host).
 
@@ -12,6 +14,7 @@ wall time (1.0: the device never waited for the host).
 
 from .common import arguments, header, machine, markdown, parse, Progress, write_json
 from .models import build_engine, describe_models
+from .peers import open_peer
 from .runs import (SAMPLING, TEMPLATE, agreement, first_difference, loop_efficiency, run_mlx_lm, run_ours, warm_up,
                   workloads)
 
@@ -36,6 +39,10 @@ def main(argv=None):
     results = {"machine": info, "models": describe_models(args), **TEMPLATE, "runs": []}
     print(header("Acceptance by kind of content", info, {**results["models"], **TEMPLATE}))
     chosen = workloads(engine, names)
+    peer, why_not = open_peer(engine, args.random_weights)
+    if why_not:
+        print(f"{why_not}\n")
+        results["mlx_vlm"] = why_not
     progress = Progress("acceptance", len(chosen) * len(args.sampling.split(",")))
     for sampling in args.sampling.split(","):
         settings = SAMPLING[sampling]
@@ -47,17 +54,13 @@ def main(argv=None):
             on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False)  # the seed's setup
             default = run_ours(engine, prompt, settings, max_tokens)  # adaptive g, lookup + MTP
             anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
+            vlm = peer.run(prompt, settings, max_tokens) if peer else None
+            vlm_same = _changed(engine, prompt, off["tokens"], [vlm["tokens"]], sampling, peer=True) if vlm else None
             kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
             # Exactness: with the same seed, drafting must not change a single token (greedy or
             # sampled). mlx-lm is shown for reference only: its greedy takes the argmax of
             # log-probs rounded to the model's dtype, which in bf16 can flip near-ties.
-            same = "yes" if on["tokens"] == off["tokens"] == default["tokens"] else "NO"
-            if same == "NO" and sampling == "greedy":
-                # Metal may round a 7-position pass and a 1-position pass differently: show
-                # where the outputs part and how close the two tokens' logits were there.
-                other = on["tokens"] if on["tokens"] != off["tokens"] else default["tokens"]
-                where = first_difference(engine, prompt, off["tokens"], other)
-                same = f"NO (from token {where[0]}, logit gap {where[1]:.3g})" if where else "NO (lengths)"
+            same = _changed(engine, prompt, off["tokens"], [on["tokens"], default["tokens"]], sampling)
             # mlx-lm stops at its tokenizer's end tokens, which may not be ours: compared over
             # the common length then, and the column says so.
             like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
@@ -66,21 +69,47 @@ def main(argv=None):
             seed = SEED.get(name, ("", "", ""))
             rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
                          f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",
-                         f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm, *seed])
+                         f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm,
+                         *_peer_columns(on, default, vlm, vlm_same), *seed])
             strip = lambda r: {k: v for k, v in r.items() if k != "tokens"}  # noqa: E731
             results["runs"].append({"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
                                     "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
                                     "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
                                     "loop_efficiency": efficiency,
-                                    "same_tokens": same, "same_as_mlx_lm": like_mlx_lm})
+                                    "same_tokens": same, "same_as_mlx_lm": like_mlx_lm,
+                                    **({"mlx_vlm": {**strip(vlm), "same_tokens": vlm_same}} if vlm else {})})
             progress.step(f"{name}, {sampling}")
         print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
         print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP (g=6) tok/s",
                         "guesses kept", "speed-up", "loop efficiency", "default tok/s", "default speed-up", "MTP on = off",
-                        "off = mlx-lm",
-                        "seed off", "seed on", "seed kept"], rows))
+                        "off = mlx-lm", "mlx-vlm MTP tok/s", "mlx-vlm kept", "mlx-spec g=6 / mlx-vlm",
+                        "mlx-spec default / mlx-vlm", "mlx-vlm = off", "seed off", "seed on", "seed kept"], rows))
         print()
     print(f"JSON: {write_json('acceptance', args, results)}")
+
+
+def _changed(engine, prompt, off, others, sampling, peer=False) -> str:
+    """"yes" where every output equals MTP off's; else where the first one parts from it. With
+    greedy, Metal may round a 7-position pass and a 1-position pass differently: the first
+    differing token and how close the two tokens' logits were there say whether it is a near tie.
+    A peer samples with its own random numbers, so only its greedy output is compared."""
+    if peer and sampling != "greedy":
+        return "-"
+    differing = next((o for o in others if o != off), None)
+    if differing is None:
+        return "yes"
+    if sampling != "greedy":
+        return "NO"
+    where = first_difference(engine, prompt, off, differing)
+    return f"NO (from token {where[0]}, logit gap {where[1]:.3g})" if where else "NO (lengths)"
+
+
+def _peer_columns(on, default, vlm, vlm_same) -> list:
+    """mlx-vlm's tok/s and guesses kept, mlx-spec (g = 6 and default) over it, its greedy output."""
+    if vlm is None:
+        return ["-"] * 5
+    ratio = lambda ours: f"{ours / vlm['tps']:.2f}x" if vlm["tps"] else "-"  # noqa: E731
+    return [f"{vlm['tps']:.1f}", f"{vlm['kept']}/{vlm['drafted']}", ratio(on["tps"]), ratio(default["tps"]), vlm_same]
 
 
 if __name__ == "__main__":
