@@ -155,12 +155,15 @@ def test_an_image_attends_both_ways_only_where_the_config_asks(engine):
 
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_with_media_is_the_targets_past_the_window(engine, reference, case):
+    """(The sliding window is 12; the image alone spans five windows.)"""
+    assert_greedy_is_the_targets(engine, reference, messages(*CASES[case]), transformers_inputs)
+
+
+def assert_greedy_is_the_targets(engine, reference, prompt, inputs_for_transformers):
     """Greedy: MTP off, MTP on (the tiny assistant, 1, 3 and 6 guesses, and scripted guesses
-    with all, none and each number kept) and transformers' generate give the same 40 tokens
-    (the sliding window is 12; the image alone spans five windows)."""
-    prompt = messages(*CASES[case])
+    with all, none and each number kept) and transformers' generate give the same 40 tokens."""
     tokens, spans = engine.prepare(prompt, image_tokens=IMAGE_TOKENS)
-    ids, kwargs = transformers_inputs(tokens, spans)
+    ids, kwargs = inputs_for_transformers(tokens, spans)
     expected = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                                   do_sample=False, cache_implementation="static", **kwargs)[0, len(tokens):].tolist()
     off = engine.generate(prompt, max_tokens=40, mtp=False, image_tokens=IMAGE_TOKENS)

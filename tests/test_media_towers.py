@@ -11,10 +11,9 @@ import test_audio_tower
 import tiny
 from mlx_spec import load
 from mlx_spec.media import MediaError
-from scripted import ScriptedDrafter
-from test_media_prompt import IMAGE, gemma4_masks, messages, our_prompt_logits, picture
+from test_media_prompt import IMAGE, IMAGE_TOKENS, assert_greedy_is_the_targets, gemma4_masks, messages, our_prompt_logits, picture
 
-IMAGE_TOKENS = 70  # 4-pixel patches pooled 3 x 3: a 40 x 56 picture is 63 soft tokens, five windows of 12
+# IMAGE_TOKENS 70, with 4-pixel patches pooled 3 x 3: a 40 x 56 picture is 63 soft tokens, five windows of 12
 SECOND = {"type": "image", "image": picture(seed=7, shape=(24, 60))}
 # 1.3 s of tones and noise: 33 soft tokens, the audio tower's attention over three chunks
 SPEECH = {"type": "audio", "audio": test_audio_tower.clip(20800)}
@@ -95,24 +94,8 @@ def test_prompt_logits_match_transformers(engine, reference, pair, case):
 
 @pytest.mark.parametrize("case", ["one image", "image and audio"])
 def test_greedy_with_media_is_the_targets_past_the_window(engine, reference, case):
-    """MTP off, MTP on (1, 3 and 6 guesses; scripted guesses with all, none and each number kept)
-    and transformers' generate give the same 40 tokens."""
     needs_audio(engine, CASES[case])
-    prompt = messages(*CASES[case])
-    tokens, spans = engine.prepare(prompt, image_tokens=IMAGE_TOKENS)
-    ids, kwargs = transformers_inputs(tokens, spans)
-    expected = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
-                                  do_sample=False, cache_implementation="static", **kwargs)[0, len(tokens):].tolist()
-    off = engine.generate(prompt, max_tokens=40, mtp=False, image_tokens=IMAGE_TOKENS)
-    assert off.tokens == expected[: len(off.tokens)] and len(off.tokens) > tiny.WINDOW
-    for g in (1, 3, 6):
-        assert engine.generate(prompt, max_tokens=40, draft_tokens=g, image_tokens=IMAGE_TOKENS).tokens == off.tokens
-    for break_at in (None, 0, 1, 2, 3, 4, 5):
-        drafter = ScriptedDrafter(tokens + off.tokens, tiny.VOCAB, break_at=break_at)
-        got = engine.generate(prompt, max_tokens=40, drafter=drafter, draft_tokens=6, image_tokens=IMAGE_TOKENS)
-        assert got.tokens == off.tokens
-        if break_at is not None:
-            assert got.stats.kept <= break_at * got.stats.cycles
+    assert_greedy_is_the_targets(engine, reference, messages(*CASES[case]), transformers_inputs)
 
 
 def test_a_size_without_an_audio_tower_refuses_audio_clearly(engine):

@@ -8,30 +8,16 @@ import base64
 import pytest
 from selenium.webdriver.common.by import By
 
-import tiny
+import test_page
+import test_server_media
 from mlx_spec import load
-from serving import Server
 from test_media_preprocessing import flac_bytes
 from test_media_prompt import clip, wav_bytes
-import test_page
 from test_server_media import IMAGE_TOKENS, png_bytes
 
 browser, send = test_page.browser, test_page.send  # the browser fixture skips without chromium
+pair, server = test_server_media.pair, test_server_media.server  # the 12B's tiny pair, served
 LIMIT, QUESTION = 24, "What is in this picture and this sound?"
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("page-media")
-    return {"text": tiny.build_target(root / "target", layout="google", variant="12b"),
-            "assistant": tiny.build_family_assistant(root / "assistant", "12b")}
-
-
-@pytest.fixture(scope="module")
-def server(pair):
-    s = Server(pair, "--image-tokens", str(IMAGE_TOKENS))
-    yield s
-    s.stop()
 
 
 @pytest.mark.parametrize("audio_format", ["wav", "flac"])

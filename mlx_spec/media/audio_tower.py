@@ -24,6 +24,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..loading import LoadError
+from .layers import ClippableLinear, MultimodalEmbedder, RMSNorm
 
 TOWER, EMBEDDER = "model.audio_tower.", "model.embed_audio."
 CONV_WEIGHTS = (".conv.weight", ".depthwise_conv1d.weight")
@@ -76,41 +77,6 @@ def _clamp(x: mx.array, limit: float) -> mx.array:
     """transformers' `gradient_clipping` clamp, capped at the dtype's range as it is there."""
     limit = min(limit, float(mx.finfo(x.dtype).max))
     return mx.clip(x, -limit, limit)
-
-
-def _rms_norm(x: mx.array, weight, eps: float) -> mx.array:
-    w = None if weight is None else weight.astype(mx.float32)
-    return mx.fast.rms_norm(x.astype(mx.float32), w, eps).astype(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    """`Gemma4RMSNorm`: in float32, back in the input's dtype."""
-
-    def __init__(self, dims: int, eps: float):
-        super().__init__()
-        self.weight = mx.ones((dims,))
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return _rms_norm(x, self.weight, self.eps)
-
-
-class ClippableLinear(nn.Module):
-    """A bias-free linear whose input and output are clamped to scalar bounds from the checkpoint."""
-
-    def __init__(self, dims_in: int, dims_out: int, clipped: bool):
-        super().__init__()
-        self.linear = nn.Linear(dims_in, dims_out, bias=False)
-        self.clipped = clipped
-        if clipped:
-            self.input_min, self.input_max = mx.array(-math.inf), mx.array(math.inf)
-            self.output_min, self.output_max = mx.array(-math.inf), mx.array(math.inf)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if not self.clipped:
-            return self.linear(x)
-        x = self.linear(mx.clip(x, self.input_min.astype(x.dtype), self.input_max.astype(x.dtype)))
-        return mx.clip(x, self.output_min.astype(x.dtype), self.output_max.astype(x.dtype))
 
 
 class ConvBlock(nn.Module):
@@ -312,19 +278,7 @@ class Conformer(nn.Module):
         return self.output_proj(x), valid
 
 
-class AudioEmbedder(nn.Module):
-    """`Gemma4MultimodalEmbedder`: an RMS norm without scale, then a projection to the text width."""
-
-    def __init__(self, width: int, text_width: int, eps: float):
-        super().__init__()
-        self.embedding_projection = nn.Linear(width, text_width, bias=False)
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.embedding_projection(_rms_norm(x, None, self.eps))
-
-
-def soft_tokens(conformer: Conformer, embedder: AudioEmbedder, features, mask) -> mx.array:
+def soft_tokens(conformer: Conformer, embedder: MultimodalEmbedder, features, mask) -> mx.array:
     """One clip's features [frames, 128] and mask [frames] to its soft tokens [tokens, text hidden]."""
     hidden, valid = conformer(mx.array(features)[None], mx.array(mask)[None])
     # Tokens from the padding past the clip's end are dropped, as transformers does.
@@ -355,7 +309,7 @@ class AudioTower(nn.Module):
         super().__init__()
         config = AudioConfig.from_dict(audio_config)
         self.tower = Conformer(config)
-        self.embedder = AudioEmbedder(config.output_proj_dims, text_hidden_size, config.rms_norm_eps)
+        self.embedder = MultimodalEmbedder(config.output_proj_dims, text_hidden_size, config.rms_norm_eps)
 
     def __call__(self, features, mask) -> mx.array:
         return soft_tokens(self.tower, self.embedder, features, mask)

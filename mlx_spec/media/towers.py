@@ -13,11 +13,11 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .audio import MAX_SAMPLES, MediaError, audio_features, audio_tokens, read_audio
-from .audio_tower import CLIP_BOUNDS, AudioConfig, AudioEmbedder, Conformer, soft_tokens, to_module_layout
+from .audio_tower import CLIP_BOUNDS, AudioConfig, Conformer, soft_tokens, to_module_layout
 from .images import image_patches
 from .items import AUDIO, IMAGE, MediaItem
+from .layers import MultimodalEmbedder
 from .prompt import MediaTokens
-from .unified import MultimodalEmbedder
 from .vision_tower import VisionTower, vision_config
 from .weights import load_media_module, read_media_weights
 
@@ -34,7 +34,7 @@ class Towers(nn.Module):
         if config.get("audio_config") is not None:
             audio = AudioConfig.from_dict(config["audio_config"])
             self.audio_tower = Conformer(audio)
-            self.embed_audio = AudioEmbedder(audio.output_proj_dims, text_width, audio.rms_norm_eps)
+            self.embed_audio = MultimodalEmbedder(audio.output_proj_dims, text_width, audio.rms_norm_eps)
 
 
 class TowerMedia:

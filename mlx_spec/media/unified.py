@@ -18,22 +18,11 @@ import mlx.nn as nn
 import numpy as np
 
 from .audio import MediaError, read_audio
+from .layers import MultimodalEmbedder
 from .images import patchify, resized_pixels
 from .items import AUDIO, IMAGE, MediaItem
 from .prompt import MediaTokens
 from .weights import load_media_module, read_media_weights
-
-
-class MultimodalEmbedder(nn.Module):
-    """RMS norm without a scale, then a projection to the text model's width."""
-
-    def __init__(self, width: int, text_width: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.embedding_projection = nn.Linear(width, text_width, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.embedding_projection(mx.fast.rms_norm(x, None, self.eps))
 
 
 class VisionEmbedder(nn.Module):

@@ -18,42 +18,7 @@ from typing import Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-
-def rms_norm(x: mx.array, weight, eps: float) -> mx.array:
-    """In float32, as transformers' Gemma4RMSNorm (its weight multiplies; no 1 + weight)."""
-    x32 = x.astype(mx.float32)
-    out = x32 * mx.rsqrt(mx.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    if weight is not None:
-        out = out * weight.astype(mx.float32)
-    return out.astype(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.weight = mx.ones((width,))
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, self.weight, self.eps)
-
-
-class ClippableLinear(nn.Module):
-    """A linear layer whose input and output may be clamped to bounds read from the checkpoint."""
-
-    def __init__(self, inputs: int, outputs: int, clipped: bool):
-        super().__init__()
-        self.linear = nn.Linear(inputs, outputs, bias=False)
-        self.clipped = clipped
-        if clipped:
-            self.input_min, self.input_max = mx.array(-math.inf), mx.array(math.inf)
-            self.output_min, self.output_max = mx.array(-math.inf), mx.array(math.inf)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if not self.clipped:
-            return self.linear(x)
-        x = self.linear(mx.clip(x, self.input_min, self.input_max))
-        return mx.clip(x, self.output_min, self.output_max)
+from .layers import ClippableLinear, RMSNorm, rms_norm
 
 
 def axial_rope(x: mx.array, positions: mx.array, theta: float) -> mx.array:
