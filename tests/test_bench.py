@@ -71,22 +71,12 @@ def test_acceptance(tiny_models, tmp_path):
             assert run["same_as_mlx_lm"] == "yes"
 
 
-def stated_head_size(folder: Path) -> Path:
-    """transformers 5.24 saves a tiny config's full-layer head size as a per-layer override, which
-    mlx-vlm 0.7.10 does not read (it falls back to 512); the published configs state
-    `global_head_dim`, as this makes the tiny one do. Nothing else changes."""
-    config = json.loads((folder / "config.json").read_text())
-    config["text_config"]["global_head_dim"] = tiny.GLOBAL_HEAD_DIM
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 def test_acceptance_beside_mlx_vlm(tmp_path):
     """mlx-vlm's Gemma 4 MTP on the same prompts in the same run (E2B's tiny google-layout pair):
     its tok/s, guesses kept, mlx-spec over it, and its greedy output against ours without MTP."""
     pytest.importorskip("mlx_vlm", reason="mlx-vlm (the peers extra) is not installed")
-    target = stated_head_size(tiny.build_target(tmp_path / "target", layout="google"))
-    drafter = stated_head_size(tiny.build_family_assistant(tmp_path / "assistant", "e2b"))
+    target = tiny.stated_head_size(tiny.build_target(tmp_path / "target", layout="google"))
+    drafter = tiny.stated_head_size(tiny.build_family_assistant(tmp_path / "assistant", "e2b"))
     stdout, data = run_script("acceptance", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "24",
                               "--workloads", "tool call", tmp_path=tmp_path)
     assert "mlx_vlm" in data["machine"] and data["machine"]["mlx_vlm"]

@@ -1,7 +1,11 @@
 """Images through the vision tower of Gemma 4 E2B (per-layer embeddings) and 31B (none; keys
 equal to values), and audio through E2B's audio tower, on tiny google-layout checkpoints, against
 transformers' `Gemma4ForConditionalGeneration`: the prompt's logits, and greedy generation with
-MTP on and off past the sliding window. The 31B, which has no audio tower, refuses audio clearly."""
+MTP on and off past the sliding window. The 31B, which has no audio tower, refuses audio clearly.
+E2B converted by mlx-vlm's own converter loads to the same media."""
+
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -103,3 +107,26 @@ def test_a_size_without_an_audio_tower_refuses_audio_clearly(engine):
         pytest.skip("this size has an audio tower (E2B)")
     with pytest.raises(MediaError, match="has no audio encoder .*cannot take audio input"):
         engine.prepare(messages(SPEECH))
+
+
+def test_mlx_vlm_s_own_conversion_loads_with_the_same_media(pair, tmp_path):
+    """The mlx-community layout as mlx-vlm's converter writes it (keys without `model.`, the
+    language model at 4 bits, the towers kept as they were): an image's and a clip's soft tokens
+    equal those from google's files, and drafting stays exact on the quantized target."""
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm (its converter writes the layout) is not installed")
+    from mlx_vlm.convert import convert
+
+    if json.loads((pair[0] / "config.json").read_text()).get("audio_config") is None:
+        pytest.skip("one size is enough: E2B, which has both towers")
+    google = tmp_path / "google"
+    shutil.copytree(pair[0], google)
+    converted = tmp_path / "converted"
+    convert(str(tiny.stated_head_size(google)), str(converted), quantize=True, q_group_size=64, q_bits=4)
+    prompt = messages(IMAGE, SPEECH)
+    original = load(str(google), None, force=True).prepare(prompt, image_tokens=IMAGE_TOKENS)[1]
+    engine = load(str(converted), str(pair[1]), force=True)
+    spans = engine.prepare(prompt, image_tokens=IMAGE_TOKENS)[1]
+    for ours, theirs in zip(spans, original):
+        assert ours.item == theirs.item and np.abs(np.array(ours.embed()) - np.array(theirs.embed())).max() <= 1e-6
+    off = engine.generate(prompt, max_tokens=30, mtp=False, image_tokens=IMAGE_TOKENS)
+    assert engine.generate(prompt, max_tokens=30, draft_tokens=6, image_tokens=IMAGE_TOKENS).tokens == off.tokens

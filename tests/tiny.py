@@ -318,3 +318,13 @@ def build_trained_target(folder: Path, examples, steps: int = 150, seed: int = 0
     model.eval().save_pretrained(folder)
     save_tokenizer(folder)
     return Path(folder)
+
+
+def stated_head_size(folder: Path) -> Path:
+    """transformers 5.24 saves a tiny config's full-layer head size as a per-layer override, which
+    mlx-vlm 0.7.10 does not read (it falls back to 512); the published configs state
+    `global_head_dim`, as this makes the tiny one do. Nothing else changes."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config["text_config"]["global_head_dim"] = GLOBAL_HEAD_DIM
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    return Path(folder)
