@@ -1,9 +1,13 @@
 """Images and audio become the arrays transformers' own processors make: its PIL image processor
-(`Gemma4ImageProcessorPil`; the torchvision one would replace the pinned torch) and its audio
+(`Gemma4ImageProcessorPil`, E2B to 31B), the 12B's torchvision one (run in a process of its
+own, beside a torchvision this test installs aside), and its audio
 feature extractor, on several sizes, shapes and lengths; the audio token count is the
 processor's rule."""
 
 import io
+import os
+import subprocess
+import sys
 import wave
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,39 +47,49 @@ def test_image_patches_equal_transformers(size, budget):
     assert (expected["image_position_ids"][0, n:] == -1).all()  # the rest is transformers' padding
 
 
-def transformers_unified_patch_functions():
-    """`convert_image_to_patches` and `patches_merge` of transformers' 12B image processor, read
-    from its source: the module imports torchvision at the top, which cannot be installed beside
-    this machine's torch, and these two functions need torch alone."""
-    import ast
-    import inspect
-    import math
-
-    import torch
-    from transformers.models import gemma4_unified
-
-    source = (Path(inspect.getfile(gemma4_unified)).parent / "image_processing_gemma4_unified.py").read_text()
-    wanted = [node for node in ast.parse(source).body
-              if isinstance(node, ast.FunctionDef) and node.name in ("convert_image_to_patches", "patches_merge")]
-    namespace = {"torch": torch, "math": math}
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), "image_processing_gemma4_unified.py", "exec"), namespace)
-    return namespace["convert_image_to_patches"], namespace["patches_merge"]
-
-
-@pytest.mark.parametrize("size", SIZES)
-def test_the_12b_merged_patches_equal_transformers(size):
-    """The 12B's processor cuts 16-pixel patches and merges each 3 x 3 block into one: the same
-    array as cutting 48-pixel patches, which is what we do (positions on the merged grid)."""
+@pytest.fixture(scope="module")
+def torchvision_path(tmp_path_factory):
+    """A folder holding the torchvision release made for this torch (0.28 for 2.13), for the
+    12B's processor to run with in a process of its own (tests/unified_processor.py says why).
+    Installed here, not with the test extra: in the suite's own environment it would break
+    every transformers import."""
     import torch
 
-    to_patches, merge = transformers_unified_patch_functions()
-    pixels = resized_pixels(picture(*size, seed=size[1]), 280, 16, 3)
-    teacher = to_patches(torch.tensor(pixels).permute(2, 0, 1), 16)
-    rows, cols = pixels.shape[0] // 16, pixels.shape[1] // 16
-    grid = torch.stack(torch.meshgrid(torch.arange(cols), torch.arange(rows), indexing="xy"), dim=-1).reshape(-1, 2)
-    merged, positions = merge(teacher[None], grid[None], teacher.shape[0] // 9)
-    ours, our_positions = patchify(pixels, 48)
-    assert np.array_equal(ours, merged[0].numpy()) and np.array_equal(our_positions, positions[0].numpy())
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    wanted = f"torchvision=={major - 2}.{minor + 15}.*"
+    folder = tmp_path_factory.mktemp("torchvision")
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder), wanted],
+                         capture_output=True, text=True, timeout=600)
+    if pip.returncode != 0:
+        pytest.skip(f"{wanted} (the 12B processor's backend) could not be installed: {pip.stderr.strip()[-300:]}")
+    return folder
+
+
+@pytest.mark.parametrize("budget", [70, 280, 1120])
+def test_the_12b_patches_equal_transformers_torchvision_processor(budget, torchvision_path, tmp_path):
+    """The 12B's processor resizes with torchvision (torch's uint8 kernel, not Pillow's filter),
+    rescales in float32 and merges 3 x 3 blocks of 16-pixel patches: the same array, bit for bit,
+    as our 48-pixel patches of the image resized by resize.py, on photo-like and noise images."""
+    images = [picture(*size, seed=size[1]) for size in SIZES]
+    images.append(Image.fromarray(np.random.default_rng(1).integers(0, 256, (500, 200, 3), dtype=np.uint8)))
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(tmp_path / f"image{i}.png")
+        image.save(paths[-1])
+    out = tmp_path / "expected.npz"
+    env = {**os.environ, "PYTHONPATH": str(torchvision_path)}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("unified_processor.py")), str(out), str(budget),
+                          *map(str, paths)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = np.load(out)
+    for i, path in enumerate(paths):
+        pixels = resized_pixels(Image.open(path), budget, 16, 3, backend="torchvision")
+        ours, positions = patchify(pixels, 48)
+        n = len(ours)
+        assert n == int(expected[f"tokens{i}"])
+        assert np.array_equal(ours, expected[f"pixels{i}"][:n]), (i, np.abs(ours - expected[f"pixels{i}"][:n]).max())
+        assert np.array_equal(positions, expected[f"positions{i}"][:n])
+        assert (expected[f"positions{i}"][n:] == -1).all()  # the rest is transformers' padding
 
 
 def test_images_from_every_source_are_the_same_image(tmp_path):

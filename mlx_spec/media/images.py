@@ -16,6 +16,7 @@ from typing import Any, Tuple, Union
 import numpy as np
 
 from .audio import MediaError
+from .resize import bicubic_antialiased
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 MAX_PIXELS = 64_000_000  # larger images are refused (the largest budget uses about 0.3 megapixels)
@@ -91,17 +92,28 @@ def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooli
     return ImagePatches(patches, positions, len(patches) // pooling_kernel_size**2)
 
 
-def resized_pixels(image, max_soft_tokens: int, patch_size: int, pooling_kernel_size: int) -> np.ndarray:
-    """The image in RGB, resized to the patch budget and rescaled to [0, 1]: [H, W, 3] float32."""
+def resized_pixels(image, max_soft_tokens: int, patch_size: int, pooling_kernel_size: int,
+                   backend: str = "pil") -> np.ndarray:
+    """The image in RGB, resized to the patch budget and rescaled to [0, 1]: [H, W, 3] float32.
+
+    `backend`: which of transformers' image processors to equal, as each size has them: "pil"
+    (`Gemma4ImageProcessorPil`, E2B to 31B: Pillow's bicubic, rescaled in float64) or
+    "torchvision" (the 12B's only one: torch's uint8 bicubic kernel (resize.py), rescaled in
+    float32). The two round apart, by a level here and there and by a last bit."""
     if max_soft_tokens not in SOFT_TOKEN_BUDGETS:
         raise MediaError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}, got {max_soft_tokens}")
     Image, _ = _pillow()
     image = read_image(image)
     max_patches = max_soft_tokens * pooling_kernel_size**2
     height, width = target_size(image.height, image.width, patch_size, max_patches, pooling_kernel_size)
-    if (height, width) != (image.height, image.width):
+    resized = (height, width) != (image.height, image.width)
+    if backend == "torchvision":
+        pixels = np.asarray(image)
+        pixels = bicubic_antialiased(pixels, height, width) if resized else pixels
+        return pixels.astype(np.float32) * np.float32(1 / 255)  # torch's uint8 tensor * scale
+    if resized:
         image = image.resize((width, height), resample=Image.Resampling.BICUBIC)
-    # Rescaled in float64 and stored as float32, as transformers' rescale does.
+    # Rescaled in float64 and stored as float32, as transformers' numpy rescale does.
     return (np.asarray(image, dtype=np.float64) * (1 / 255)).astype(np.float32)
 
 

@@ -119,7 +119,7 @@ class UnifiedMedia:
             self._embedders = load_unified_embedders(self.path, self.config)
 
     def image(self, source, image_tokens: Optional[int] = None) -> MediaItem:
-        pixels = resized_pixels(source, image_tokens or self.image_tokens, self.patch_size, self.pooling)
+        pixels = resized_pixels(source, image_tokens or self.image_tokens, self.patch_size, self.pooling, backend="torchvision")
         patches, positions = patchify(pixels, self.patch_size * self.pooling)
         return MediaItem.of(IMAGE, len(patches), patches, positions.astype(np.int32))
 
