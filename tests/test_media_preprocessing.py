@@ -65,11 +65,12 @@ def torchvision_path(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("budget", [70, 280, 1120])
-def test_the_12b_patches_equal_transformers_torchvision_processor(budget, torchvision_path, tmp_path):
+def test_the_12b_patches_equal_transformers_torchvision_processor(torchvision_path, tmp_path):
     """The 12B's processor resizes with torchvision (torch's uint8 kernel, not Pillow's filter),
     rescales in float32 and merges 3 x 3 blocks of 16-pixel patches: the same array, bit for bit,
-    as our 48-pixel patches of the image resized by resize.py, on photo-like and noise images."""
+    as our 48-pixel patches of the image resized by resize.py, on photo-like and noise images, at
+    the smallest, default and largest budgets."""
+    budgets = (70, 280, 1120)
     images = [picture(*size, seed=size[1]) for size in SIZES]
     images.append(Image.fromarray(np.random.default_rng(1).integers(0, 256, (500, 200, 3), dtype=np.uint8)))
     paths = []
@@ -78,18 +79,20 @@ def test_the_12b_patches_equal_transformers_torchvision_processor(budget, torchv
         image.save(paths[-1])
     out = tmp_path / "expected.npz"
     env = {**os.environ, "PYTHONPATH": str(torchvision_path)}
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name("unified_processor.py")), str(out), str(budget),
-                          *map(str, paths)], capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("unified_processor.py")), str(out),
+                          ",".join(map(str, budgets)), *map(str, paths)], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     expected = np.load(out)
-    for i, path in enumerate(paths):
-        pixels = resized_pixels(Image.open(path), budget, 16, 3, backend="torchvision")
-        ours, positions = patchify(pixels, 48)
-        n = len(ours)
-        assert n == int(expected[f"tokens{i}"])
-        assert np.array_equal(ours, expected[f"pixels{i}"][:n]), (i, np.abs(ours - expected[f"pixels{i}"][:n]).max())
-        assert np.array_equal(positions, expected[f"positions{i}"][:n])
-        assert (expected[f"positions{i}"][n:] == -1).all()  # the rest is transformers' padding
+    for budget in budgets:
+        for i, path in enumerate(paths):
+            pixels = resized_pixels(Image.open(path), budget, 16, 3, backend="torchvision")
+            ours, positions = patchify(pixels, 48)
+            theirs, their_positions = expected[f"pixels-{budget}-{i}"], expected[f"positions-{budget}-{i}"]
+            n = len(ours)
+            assert n == int(expected[f"tokens-{budget}-{i}"])
+            assert np.array_equal(ours, theirs[:n]), (budget, i, np.abs(ours - theirs[:n]).max())
+            assert np.array_equal(positions, their_positions[:n])
+            assert (their_positions[n:] == -1).all()  # the rest is transformers' padding
 
 
 def test_images_from_every_source_are_the_same_image(tmp_path):
