@@ -3,7 +3,7 @@
 Torch is the oracle because it is the call the 12B's image processor ends in: transformers'
 `Gemma4UnifiedImageProcessor` resizes with torchvision's `tvF.resize(uint8 image,
 interpolation=BICUBIC, antialias=True)`, and torchvision's `resize_image` (read from its
-source; torchvision cannot be installed beside this machine's torch) hands a uint8 CPU image
+source; the processor itself, torchvision and all, is run in test_media_preprocessing.py) hands a uint8 CPU image
 straight to `torch.nn.functional.interpolate(mode="bicubic", align_corners=False,
 antialias=True)`, keeping the uint8 dtype, and returns the image itself when the size is
 unchanged. The comparisons are exact (`np.array_equal`), on noise (the worst case for any
