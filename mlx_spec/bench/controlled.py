@@ -87,10 +87,10 @@ def main(argv=None):
                     "adaptive exposed ms/cycle"], rows))
 
     # The bars compare runs a few percent apart, so they are measured again in `--trials`
-    # interleaved rounds (the table above is one round; a single run there moved a = 1's
-    # measured / predicted from 0.81 to 1.21 between two runs on this project's machine). A bar is the median over the rounds of
-    # the ratio within each round: runs compared with each other follow each other, so a
-    # machine that slows down for a while (a shared host) slows both.
+    # interleaved rounds (the table above is one round: a single run of it gave a = 1's
+    # measured / predicted as 0.81 in one run and 1.21 in another on this project's machine).
+    # A bar is the median over the rounds of the ratio within each round: runs compared with
+    # each other follow each other, so a machine that slows down for a while slows both.
     configs = {
         "mlx-lm": lambda: run_mlx_lm(engine, prompt, greedy, args.max_tokens, stop=False),
         "MTP off": lambda: run_ours(engine, prompt, greedy, args.max_tokens, mtp=False),
