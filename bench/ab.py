@@ -26,6 +26,10 @@ ROOT = HERE.parent
 # request ("<acceptance> <g or adaptive>") with the run's figures as one JSON line.
 WORKER = r"""
 import json, sys
+# An editable install of mlx-spec (pip install -e) puts a finder ahead of sys.path that maps
+# every `mlx_spec.*` to the checkout it was installed from, submodules included: without this,
+# the base revision's worker imported the working tree's benchmarks beside its own loop.
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 import numpy as np
 try:  # the benchmarks inside the package (since `mlx-spec bench`), or a revision's bench/ before
     from mlx_spec.bench.common import arguments
