@@ -48,7 +48,10 @@ prompt = np.random.default_rng(0).integers(0, engine.target.vocab_size, prompt_t
 warm_up(engine, prompt, greedy)
 off = run_ours(engine, prompt, greedy, max_tokens, mtp=False)
 reference = prompt + off["tokens"]
-print(json.dumps({"ready": True}), flush=True)
+# Every module of ours this worker runs, for the driver to check they are its revision's.
+ours = sorted(m.__file__ for name, m in list(sys.modules.items())
+              if (name == "mlx_spec" or name.startswith("mlx_spec.") or name in ("common", "runs")) and getattr(m, "__file__", None))
+print(json.dumps({"ready": True, "modules": ours}), flush=True)
 for line in sys.stdin:
     a, g = line.split()
     if g == "off":
@@ -68,7 +71,14 @@ class Worker:
             cwd=root / "bench", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'bench'}"},
         )
-        self.read()
+        self.check(root, self.read()["modules"])
+
+    @staticmethod
+    def check(root: Path, modules: list) -> None:
+        """Each revision's worker must run its own code, not an installed copy of mlx-spec."""
+        stray = [m for m in modules if not Path(m).resolve().is_relative_to(root.resolve())]
+        if stray:
+            raise SystemExit(f"the worker for {root} imported modules from elsewhere: {', '.join(stray[:3])}")
 
     def read(self) -> dict:
         line = self.process.stdout.readline()
