@@ -178,8 +178,14 @@ def test_controlled(tiny_models, tmp_path):
     folder = tmp_path / "results"
     assert_shown(report_rows(folder, "controlled", "g=6 tok/s"), data["sweep"], {
         "acceptance": lambda s: str(s["acceptance"]), "g=6 tok/s": lambda s: f"{s['tps']:.1f}",
+        "MTP off tok/s": lambda s: f"{s['mtp_off_tps']:.1f}",
         "predicted E/(R+C)": lambda s: f"{s['predicted_speedup']:.2f}x", "measured": lambda s: f"{s['measured_speedup']:.2f}x",
-        "pre-built": lambda s: f"{100 * s['prebuilt_share']:.0f}%", "adaptive tok/s": lambda s: f"{s['adaptive_tps']:.1f}"})
+        "pre-built": lambda s: f"{100 * s['prebuilt_share']:.0f}%", "adaptive tok/s": lambda s: f"{s['adaptive_tps']:.1f}",
+        "adaptive speed-up": lambda s: f"{s['adaptive_speedup']:.2f}x"})
+    # Each acceptance's speed-ups are over the MTP off run measured beside it.
+    for point in data["sweep"]:
+        assert point["measured_speedup"] == point["tps"] / point["mtp_off_tps"]
+        assert point["adaptive_speedup"] == point["adaptive_tps"] / point["mtp_off_tps"]
     assert_shown(report_rows(folder, "controlled", "met"), data["bars"], {
         "bar": lambda b: b["bar"], "figure": lambda b: f"{b.get('ratio', b.get('value')):.2f}",
         "met": lambda b: "yes" if b["met"] else "NO"})

@@ -160,9 +160,7 @@ def _controlled(data: dict) -> list:
         a = [s["acceptance"] for s in data["sweep"]]
         ax.plot(a, [s["measured_speedup"] for s in data["sweep"]], marker="o", label=f"measured, g = {data['g']}")
         ax.plot(a, [s["predicted_speedup"] for s in data["sweep"]], ls="--", label="predicted E / (R + C)")
-        off = data["mtp_off_tps"]
-        if off:
-            ax.plot(a, [s["adaptive_tps"] / off for s in data["sweep"]], marker="s", label="adaptive g")
+        ax.plot(a, [s["adaptive_speedup"] for s in data["sweep"]], marker="s", label="adaptive g")
         ax.axhline(1, color="grey", lw=0.8)
         ax.set_xlabel("acceptance a (each guess right with probability a)")
         ax.set_ylabel("speed-up over MTP off")
