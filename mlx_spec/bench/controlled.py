@@ -2,9 +2,10 @@
 
 The real drafter runs (its cost is real), but its guesses are replaced by the target's own
 greedy continuation, each broken with probability 1 - a. For a = 0 ... 1 the measured speed-up
-over MTP off (run beside it) is printed next to the prediction E / (R_g + C_g), E = 1 + a + ... + a^g, for a
-fixed g and for the adaptive draft length; MTP off is measured next to mlx-lm on the same model
-and prompt; and a copy (guesses that cost nothing, as prompt lookup's) is set against MTP's.
+over MTP off (a run of it beside each acceptance) is printed next to the prediction
+E / (R_g + C_g), E = 1 + a + ... + a^g, for a fixed g and for the adaptive draft length; MTP off
+is measured next to mlx-lm on the same model and prompt; and a copy (guesses that cost nothing,
+as prompt lookup's) is set against MTP's.
 
     mlx-spec bench controlled --random-weights --shape small
 """
