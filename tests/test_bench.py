@@ -429,3 +429,37 @@ def test_the_header_names_the_model_files_by_their_sha256(checkpoints, tmp_path)
     assert sha256(local) == sha256(local) == hashlib.sha256(b"one").hexdigest()
     local.write_bytes(b"other, longer")
     assert sha256(local) == hashlib.sha256(b"other, longer").hexdigest()
+
+
+def test_decode_rate_leaves_out_the_first_batch_and_its_tokens():
+    """A cycle's tokens arrive at once: the first cycle's count no more than its time does. One
+    token a step is mlx-lm's figure, (tokens - 1) / (last - first)."""
+    from mlx_spec.bench.runs import rate
+
+    assert rate([0.0, 1.0, 2.0, 4.0]) == 0.75
+    # A first cycle of 9 tokens, then three of 9 a second apart: 27 tokens in 3 s.
+    cycles = [c for c in range(4) for _ in range(9)]
+    assert rate([float(c) for c in cycles], cycles) == 9.0
+    # A short first cycle (3 tokens) loses nothing either: 18 tokens in 2 s.
+    cycles = [0] * 3 + [1] * 9 + [2] * 9
+    assert rate([float(c) for c in cycles], cycles) == 9.0
+    assert rate([0.0] * 7, [0] * 7) == 0.0  # one cycle: no rate
+
+
+def test_our_runs_are_timed_from_their_first_cycle(checkpoints, monkeypatch):
+    """run_ours hands rate() each token's cycle: with every guess kept at g = 6 the first batch
+    is a whole cycle of 7 tokens."""
+    from mlx_spec import load
+    from mlx_spec.bench import runs
+    from scripted import ScriptedDrafter
+
+    engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+    prompt = list(range(10, 40))
+    reference = prompt + engine.generate(prompt, max_tokens=20, mtp=False).tokens
+    seen = []
+    monkeypatch.setattr(runs, "rate", lambda times, batches=None: seen.append((len(times), batches)) or 1.0)
+    drafter = ScriptedDrafter(reference, tiny.VOCAB)
+    run = runs.run_ours(engine, prompt, runs.SAMPLING["greedy"], 20, drafter=drafter, draft_tokens=6, lookup=False)
+    assert run["tokens"] == reference[len(prompt):]
+    (count, batches), = seen
+    assert count == 20 and batches[:8] == [batches[0]] * 7 + [batches[0] + 1]

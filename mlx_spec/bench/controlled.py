@@ -113,7 +113,9 @@ def main(argv=None):
         return device_ms(engine, prompt, ControlledDrafter(engine.mtp_drafter, reference, engine.target.vocab_size, 1.0), g)
 
     for trial in range(args.trials):
-        for name, run in configs.items():
+        # The order turns round every round: a machine whose speed drifts within a round, or
+        # a run that is faster for coming first, then favours neither side of a pair.
+        for name, run in list(configs.items())[:: 1 if trial % 2 == 0 else -1]:
             timed_alone = name == f"g = {g}, a = 1"
             # A cycle alone is timed just before and just after the loop, and the two averaged:
             # on a shared host, the speed drifts between measurements taken apart.

@@ -4,7 +4,7 @@ same process: mlx-vlm's Gemma 4 MTP (its `stream_generate` with the assistant as
 mlx-vlm is an optional extra (`pip install "mlx-spec[peers]"`), never a requirement: without it
 the tables say how to add the column. It loads its own copy of the target and the assistant from
 the same folders as ours (so the run holds both in memory), and is timed as ours and mlx-lm's
-are: (tokens - 1) over the time from the first token to the last.
+are: the tokens after the first round over the time from that round to the last token.
 """
 
 import importlib.metadata
@@ -48,14 +48,15 @@ class MlxVlm:
                       top_k=settings.top_k or 0, top_p=settings.top_p or 1.0, seed=settings.seed or 0)
         if mtp:
             kwargs.update(draft_model=self.drafter, draft_kind=self.kind, draft_block_size=DRAFTS + 1)
-        tokens, times = [], []
-        for result in stream_generate(self.model, self.processor, "", **kwargs):
+        tokens, times, rounds = [], [], []
+        for i, result in enumerate(stream_generate(self.model, self.processor, "", **kwargs)):
             new = _new_tokens(result, len(tokens))
             tokens.extend(new)
             times.extend([time.perf_counter()] * len(new))
+            rounds.extend([i] * len(new))
         kept = sum(getattr(self.drafter, "accept_lens", None) or []) if mtp else 0
         drafted = sum(getattr(self.drafter, "draft_lens", None) or []) if mtp else 0
-        return {"tokens": tokens, "tps": rate(times), "kept": kept, "drafted": drafted}
+        return {"tokens": tokens, "tps": rate(times, rounds), "kept": kept, "drafted": drafted}
 
 
 def _new_tokens(result, seen: int) -> List[int]:
