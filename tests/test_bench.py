@@ -189,6 +189,20 @@ def test_controlled(tiny_models, tmp_path):
     assert_shown(report_rows(folder, "controlled", "met"), data["bars"], {
         "bar": lambda b: b["bar"], "figure": lambda b: f"{b.get('ratio', b.get('value')):.2f}",
         "met": lambda b: "yes" if b["met"] else "NO"})
+    # A bar is the median of its rounds, shown with their middle half; the prediction bars
+    # divide each round by the R + C timed in that round.
+    rounds = len(data["trials"]["MTP off"])
+    assert len(data["costs"]) == rounds and all(cost > 1 for cost in data["costs"])
+    for bar in data["bars"]:
+        if "middle_half" in bar:
+            low, high = bar["middle_half"]
+            assert low <= bar["ratio"] <= high
+    a0 = next(b for b in data["bars"] if b["bar"].startswith("a = 0, g = 6"))
+    ratios = sorted(on / off * cost for on, off, cost in zip(data["trials"]["g = 6, a = 0"], data["trials"]["MTP off"], data["costs"]))
+    assert a0["ratio"] == pytest.approx(ratios[rounds // 2] if rounds % 2 else (ratios[rounds // 2 - 1] + ratios[rounds // 2]) / 2)
+    assert report_rows(folder, "controlled", "met")[0][f"middle half of the {rounds} rounds"] == "{:.2f}-{:.2f}".format(
+        *data["bars"][0]["middle_half"])
+    assert "The bars, and the spread of their rounds" in (folder / "report.html").read_text()
 
 
 def test_media_with_an_image_the_script_draws(checkpoints, tmp_path):

@@ -10,6 +10,7 @@ import base64
 import html
 import io
 import json
+import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -165,7 +166,24 @@ def _controlled(data: dict) -> list:
         ax.set_xlabel("acceptance a (each guess right with probability a)")
         ax.set_ylabel("speed-up over MTP off")
 
-    return [("Controlled acceptance against its prediction", draw)]
+    def draw_bars(ax):
+        # Each bar's figure over what it needs (1 = just met), with the middle half of its
+        # rounds as a whisker: how far this machine's noise reaches.
+        bars = [b for b in data["bars"] if "middle_half" in b]
+        y = range(len(bars))
+        ax.barh(y, [b["ratio"] / b["needed"] for b in bars], color=["tab:green" if b["met"] else "tab:red" for b in bars])
+        low = [max(b["ratio"] - b["middle_half"][0], 0) / b["needed"] for b in bars]
+        high = [max(b["middle_half"][1] - b["ratio"], 0) / b["needed"] for b in bars]
+        ax.errorbar([b["ratio"] / b["needed"] for b in bars], y, xerr=[low, high], fmt="none", color="black", capsize=3)
+        ax.axvline(1, color="grey", lw=0.8)
+        ax.set_yticks(list(y), [textwrap.fill(b["bar"], 36) for b in bars], fontsize=6.5)
+        ax.invert_yaxis()
+        ax.set_xlabel("median of the rounds / needed (whiskers: their middle half)")
+
+    figures = [("Controlled acceptance against its prediction", draw)]
+    if any("middle_half" in b for b in data.get("bars", [])):  # JSON written before the whiskers had none
+        figures.append(("The bars, and the spread of their rounds", draw_bars))
+    return figures
 
 
 def _overhead(data: dict) -> list:
