@@ -20,6 +20,7 @@ from .pieces import HostWork, Pieces
 from .sampling import SamplingSettings, SettingsError
 from .sequence import SequenceState
 from .target import Target
+from .traces import TraceCache
 from .verify import Verifier
 
 
@@ -90,6 +91,9 @@ class Cycle:
     # builds a piece of the next cycle between two launches (see pipeline.py).
     stages: List[List[mx.array]] = field(default_factory=list)
     launched: int = 0  # launches so far: the stages, then the whole cycle
+    # Whether its build traced a compiled function (a new pass length or buffer shape): its
+    # time is then mostly the trace's, once, and says nothing of what such a cycle costs.
+    traced: bool = False
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
@@ -127,7 +131,7 @@ class CycleBuilder:
     def pieces(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> HostWork:
         """`build` as host work in pieces: a piece per draft step, one for the target pass and
         the rest (the cycle's `seconds` are left to whoever runs the pieces)."""
-        asked = g
+        asked, traces = g, TraceCache.made
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
         draft = Draft(mx.zeros((0,), mx.int32), source="none")
@@ -154,7 +158,8 @@ class CycleBuilder:
                 uniforms("residual", 0, g),
                 uniforms("target", g, 1)[0],
             )
-        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps])
+        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps],
+                     traced=TraceCache.made > traces)
 
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
         context = DraftContext(

@@ -153,7 +153,9 @@ class Decoder:
             self.drafter.accept(state, outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
-        self.policy.observe(cycle.g, min(outcome.kept, n), cycle.seconds, asked=cycle.asked)
+        # A cycle that traced a compiled function is not timed: one trace of E2B's pass takes
+        # several cycles' time, and a length it made look dear would not be tried again.
+        self.policy.observe(cycle.g, min(outcome.kept, n), None if cycle.traced else cycle.seconds, asked=cycle.asked)
         return _Pending(reports, hidden_before, cycle.hidden)
 
     def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:

@@ -8,7 +8,8 @@ averages); from them the expected tokens of a cycle.
 
 `AdaptiveDraftLength`: the g with the best expected speed E(g) / T(g), E(g) = 1 + a1 + a1 a2 + ...
 the expected tokens a cycle settles, T(g) its wall time, both measured as the loop runs (T of
-lengths not tried yet from a straight line through the ones that were). g = 0 (one plain
+lengths not tried yet from a straight line through the ones that were; a cycle that traced a
+compiled function is not timed). g = 0 (one plain
 target step) is one of the choices, so drafting stops where it does not pay; and while it is
 stopped, a short probe now and then (as often as costs about 1% of the time) notices when
 guessing pays again; a probe that keeps all its guesses is followed by one four times as long
@@ -74,7 +75,7 @@ class FixedDraftLength:
     def choose(self, budget: int) -> int:
         return max(0, min(self.g, budget - 1))
 
-    def observe(self, g: int, kept: int, seconds: float, asked: Optional[int] = None) -> None:
+    def observe(self, g: int, kept: int, seconds: Optional[float], asked: Optional[int] = None) -> None:
         self.stats.observe(g, kept)
 
     def withdraw(self) -> None:
@@ -138,10 +139,12 @@ class AdaptiveDraftLength:
         out again."""
         self.probe_out = False
 
-    def observe(self, g: int, kept: int, seconds: float, asked: Optional[int] = None) -> None:
-        """A settled cycle: g guesses, the first `kept` of them kept, in `seconds`. `asked`: the
-        g it was chosen with, when its drafter proposed fewer. A cycle chosen with no guesses
-        leaves a probe that is out alone: the loop chooses a cycle while the one before runs."""
+    def observe(self, g: int, kept: int, seconds: Optional[float], asked: Optional[int] = None) -> None:
+        """A settled cycle: g guesses, the first `kept` of them kept, in `seconds` (None: its
+        time says nothing of such a cycle's cost, as when it traced a compiled function).
+        `asked`: the g it was chosen with, when its drafter proposed fewer. A cycle chosen with
+        no guesses leaves a probe that is out alone: the loop chooses a cycle while the one
+        before runs."""
         asked = g if asked is None else asked
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
         probing = asked > 0 and asked == self.probe
@@ -153,8 +156,9 @@ class AdaptiveDraftLength:
             self.probe_out = False
             if probing and g > 0:  # (a drafter that proposed nothing told nothing)
                 self.backoff = 2 * self.backoff if kept == 0 else 1
-        self.timed[g] = self.timed.get(g, 0) + 1
-        self.seconds[g] = average(self.seconds.get(g, 0.0), seconds, self.timed[g], self.decay)
+        if seconds is not None:
+            self.timed[g] = self.timed.get(g, 0) + 1
+            self.seconds[g] = average(self.seconds.get(g, 0.0), seconds, self.timed[g], self.decay)
 
     def probe_every(self) -> int:
         """Plain cycles between probes, so that probing costs about `probe_overhead` of the

@@ -20,6 +20,10 @@ MAX_TRACES = 64
 
 
 class TraceCache:
+    # Compiled functions made by every cache so far. A function traces its graph at its first
+    # call, which follows its making at once: work during which this grew paid for a trace.
+    made = 0
+
     def __init__(self, bound: int = MAX_TRACES):
         if bound < 1:
             raise ValueError(f"a trace cache holds at least one function, got bound {bound}")
@@ -34,6 +38,7 @@ class TraceCache:
             self._functions.move_to_end(key)  # now the most recently used
             return function
         function = self._functions[key] = mx.compile(make())
+        TraceCache.made += 1
         while len(self._functions) > self.bound:
             self._functions.popitem(last=False)
         return function

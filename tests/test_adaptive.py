@@ -206,3 +206,32 @@ def test_the_fastest_length_is_the_best_expected_rate():
         limit = rng.randint(0, 8)
         rates = [policy.stats.expected_tokens(g) / cycle_seconds(policy, g) for g in range(limit + 1)]
         assert policy._fastest(limit) == rates.index(max(rates)), trial
+
+
+def test_a_cycle_whose_time_is_unknown_still_counts_its_guesses():
+    """observe(..., seconds=None): the acceptance learns from the cycle, the timing does not."""
+    policy = AdaptiveDraftLength(8)
+    policy.observe(3, 3, None)
+    assert 3 not in policy.seconds and 3 not in policy.timed
+    assert policy.stats.judged[:3] == [1, 1, 1] and policy.stats.acceptance[0] == 1.0
+    policy.observe(3, 1, 0.02)
+    assert policy.seconds[3] == 0.02 and policy.timed[3] == 1
+
+
+def test_cycles_that_trace_are_not_timed_and_the_steady_state_traces_nothing(checkpoints, prompt):
+    """A fresh engine's first cycle at each length traces its compiled passes (a trace takes
+    several cycles' time): the adaptive length is not charged for it. No other cycle traces
+    (until a buffer grows): the same length replays its graphs, built ahead or not."""
+    from mlx_spec.sequence import SequenceState
+
+    engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))  # nothing traced yet
+    decoder = engine.decoder(draft_tokens=2, lookup=False, report=False)
+    cycles = []  # (g, seconds) of each settled cycle
+    observe = decoder.policy.observe
+    decoder.policy.observe = lambda g, kept, seconds, asked=None: (cycles.append((g, seconds)), observe(g, kept, seconds, asked))
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt[:40])
+    list(decoder.generate(state, 30))  # g = 2, then 1 and 0 where the budget ends
+    firsts = [i for i, (g, _) in enumerate(cycles) if g not in [h for h, _ in cycles[:i]]]
+    assert [i for i, (_, seconds) in enumerate(cycles) if seconds is None] == firsts
+    assert len(firsts) < len(cycles) - 5
