@@ -17,11 +17,19 @@ guessing pays again; a probe that keeps all its guesses is followed by one four 
 Each probe in a row that keeps nothing doubles the wait before the next, up to
 MAX_PROBE_INTERVAL plain cycles (a second or two of decoding), so that content where nothing is
 ever kept pays less for the exploring; a probe that keeps anything resets it.
+
+The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change
+with the number of rows; on this project's CPU a 9-position pass of the small shape costs more
+than the line says), and at a = 1 the line always favours the longest draft. So the lengths
+next to the chosen one are measured too, each at most EXPLORE_TRIES times while it has no time
+of its own: the choice climbs to the best measured length instead of stopping where the line
+pointed.
 """
 
 from typing import Dict, List, Optional
 
 MAX_PROBE_INTERVAL = 128  # plain cycles
+EXPLORE_TRIES = 2  # cycles a neighbouring length is tried for a time (the first may trace, untimed)
 
 
 class AcceptanceStats:
@@ -101,6 +109,7 @@ class AdaptiveDraftLength:
         # next cycle's length while the current one runs, and must not probe twice for one.
         self.probe_out = False
         self.backoff = 1  # multiplies the probe interval: doubled by each probe that keeps nothing
+        self.explored: Dict[int, int] = {}  # g -> cycles handed out to measure it (see `_neighbour`)
 
     def choose(self, budget: int) -> int:
         """g for the next cycle, at most budget - 1 (a cycle settles up to g + 1 tokens)."""
@@ -109,7 +118,7 @@ class AdaptiveDraftLength:
         if probing:
             g = self.probe = self.probe or self.probe_g
         else:
-            g = self._fastest(limit)
+            g = self._neighbour(self._fastest(limit), limit)
         g = min(g, limit)
         self.probe_out = self.probe_out or (probing and g > 0)
         return g
@@ -133,6 +142,15 @@ class AdaptiveDraftLength:
             if g in self.seconds:
                 slowest = max(slowest, self.seconds[g])
         return best
+
+    def _neighbour(self, g: int, limit: int) -> int:
+        """A length next to g (longer first) that has no measured time yet, to measure it; else
+        g. Drafting lengths only: whether to draft at all is the probes' question."""
+        for n in (g + 1, g - 1):
+            if g > 0 and 1 <= n <= limit and n not in self.seconds and self.explored.get(n, 0) < EXPLORE_TRIES:
+                self.explored[n] = self.explored.get(n, 0) + 1
+                return n
+        return g
 
     def withdraw(self) -> None:
         """The cycle last chosen for was thrown away unrun: a probe handed out for it is handed

@@ -14,9 +14,9 @@ from scripted import ScriptedDrafter
 LONG = 200
 
 
-def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3):
+def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3, cost=None):
     """Feed the policy cycles whose guesses are kept with probability `acceptance` and whose
-    cost is step * (1 + per_guess * g) seconds; return how often each g was chosen."""
+    cost is step * (1 + per_guess * g) seconds (or cost(g)); return how often each g was chosen."""
     rng = np.random.default_rng(seed)
     chosen = {}
     for _ in range(cycles):
@@ -25,7 +25,7 @@ def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3):
         kept = 0
         while kept < g and rng.random() < acceptance:
             kept += 1
-        policy.observe(g, kept, step * (1 + per_guess * g))
+        policy.observe(g, kept, cost(g) if cost else step * (1 + per_guess * g))
     return chosen
 
 
@@ -37,6 +37,30 @@ def test_policy_stops_drafting_when_nothing_is_kept():
 def test_policy_drafts_long_when_everything_is_kept():
     chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0)
     assert chosen.get(8, 0) > 0.9 * sum(chosen.values())
+
+
+def test_policy_measures_the_lengths_next_to_its_choice():
+    """A pass whose cost jumps at 9 positions (as matmul kernels change with the rows; the
+    small shape's 9-position pass on this project's CPU): the straight line through the lengths
+    measured says g = 8 at a = 1, the lengths next to it are measured, and g = 7 wins."""
+    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0, cost=lambda g: 1 + 0.1 * g + (0.3 if g == 8 else 0))
+    assert chosen.get(7, 0) > 0.9 * sum(chosen.values())
+    # Where the line is right, the neighbours cost a few cycles and the choice stays.
+    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0, cost=lambda g: 1 + 0.1 * g)
+    assert chosen.get(8, 0) > 0.95 * sum(chosen.values())
+
+
+def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
+    """A length whose cycles are never timed (each traced) is not tried forever."""
+    from mlx_spec.policy import EXPLORE_TRIES
+
+    policy = AdaptiveDraftLength(8)
+    chosen = []
+    for _ in range(100):
+        g = policy.choose(budget=100)
+        chosen.append(g)
+        policy.observe(g, g, None if g == 7 else 1 + 0.1 * g)
+    assert chosen.count(7) == EXPLORE_TRIES and chosen[-1] == 8
 
 
 def test_policy_finds_the_middle():
