@@ -19,9 +19,8 @@ MAX_PROBE_INTERVAL plain cycles (a second or two of decoding), so that content w
 ever kept pays less for the exploring; a probe that keeps anything resets it.
 
 The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change
-with the number of rows; on this project's CPU a 9-position pass of the small shape costs more
-than the line says), and at a = 1 the line always favours the longest draft. So the lengths
-next to the chosen one are measured too, each at most EXPLORE_TRIES times while it has no time
+with the number of rows), and at a = 1 the line always favours the longest draft. So the
+lengths next to the chosen one are measured too, each at most EXPLORE_TRIES times while it has no time
 of its own: the choice climbs to the best measured length instead of stopping where the line
 pointed.
 """
@@ -29,6 +28,7 @@ pointed.
 from typing import Dict, List, Optional
 
 MAX_PROBE_INTERVAL = 128  # plain cycles
+PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain cycle
 EXPLORE_TRIES = 2  # cycles a neighbouring length is tried for a time (the first may trace, untimed)
 
 
@@ -191,14 +191,24 @@ class AdaptiveDraftLength:
 
     def _line(self):
         """g -> the time of a cycle with g guesses, for lengths not measured yet: a least squares
-        line through the ones that were (with fewer than two, 25% more per guess)."""
+        line through the ones that were. Below the shortest measured length it is held to at
+        least the prior (each guess PER_GUESS of a plain cycle more, from that length's time):
+        two neighbouring lengths timed with noise can tilt the line to nothing at g = 0, and a
+        plain cycle then looked free (the small shape drafted nothing for two cycles at a = 1).
+        With fewer than two measured, the prior alone."""
         known = sorted(self.seconds.items())
+        if not known:
+            return lambda g: 1 + PER_GUESS * g
+        shortest, its_time = known[0]
+
+        def prior(g):
+            return its_time * (1 + PER_GUESS * g) / (1 + PER_GUESS * shortest)
+
         if len(known) < 2:
-            base = known[0][1] if known else 1.0
-            return lambda g: base * (1 + 0.25 * g)
+            return prior
         n = len(known)
         mean_g = sum(k for k, _ in known) / n
         mean_t = sum(t for _, t in known) / n
         spread = sum((k - mean_g) ** 2 for k, _ in known)
         slope = sum((k - mean_g) * (t - mean_t) for k, t in known) / spread
-        return lambda g: max(mean_t + slope * (g - mean_g), 1e-6)
+        return lambda g: max(mean_t + slope * (g - mean_g), prior(g) if g < shortest else 1e-6)

@@ -63,6 +63,16 @@ def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
     assert chosen.count(7) == EXPLORE_TRIES and chosen[-1] == 8
 
 
+def test_a_plain_cycle_never_looks_free():
+    """Two short drafts timed with noise (g = 2 fast, g = 3 slow) tilt the line through them
+    below zero at g = 0: the prior bounds it there, and with every guess kept the policy drafts."""
+    policy = AdaptiveDraftLength(8)
+    policy.observe(2, 2, 0.100)
+    policy.observe(3, 3, 0.165)
+    assert policy._line()(0) >= 0.100 / 1.5
+    assert policy._fastest(8) > 0
+
+
 def test_policy_finds_the_middle():
     # a = 0.6, each guess costs 0.3 of a step: E(g) / (1 + 0.3 g) is 1.00, 1.23, 1.23, 1.15,
     # 1.04 for g = 0..4: one or two guesses.
