@@ -144,11 +144,11 @@ def main(argv=None):
     results.update(trials=trials, median_tps=tps, best_fixed_g=best)
     print(f"\nMedian of {args.trials} interleaved rounds (tok/s; the bars below take the median of each round's ratio):\n")
     print(markdown(["run", "tok/s", "rounds"], [[n, f"{t:.1f}", ", ".join(f"{v:.1f}" for v in trials[n])] for n, t in tps.items()]))
-    sweep = {s_["acceptance"]: s_ for s_ in results["sweep"]}
 
     def paired(a, b, predicted=None):
         """Each round's a / b (over that round's prediction, if given: a list of one per round)."""
-        return [x / y / (p if predicted else 1) for x, y, p in zip(trials[a], trials[b], predicted or trials[a])]
+        predicted = predicted or [1.0] * len(trials[a])
+        return [x / y / p for x, y, p in zip(trials[a], trials[b], predicted)]
 
     results["costs"] = costs
     bars = [
