@@ -9,8 +9,8 @@ averages); from them the expected tokens of a cycle.
 `AdaptiveDraftLength`: the g with the best expected speed E(g) / T(g), E(g) = 1 + a1 + a1 a2 + ...
 the expected tokens a cycle settles, T(g) its wall time, both measured as the loop runs (T of
 lengths not tried yet from a straight line through the ones that were; a cycle that traced a
-compiled function is not timed). g = 0 (one plain
-target step) is one of the choices, so drafting stops where it does not pay; and while it is
+compiled function is not timed). g = 0 (one plain target step) is one of the choices, so
+drafting stops where it does not pay; and while it is
 stopped, a short probe now and then (as often as costs about 1% of the time) notices when
 guessing pays again; a probe that keeps all its guesses is followed by one four times as long
 (up to max_g), so that a run where everything is kept reaches its best length in two cycles.
@@ -20,9 +20,9 @@ ever kept pays less for the exploring; a probe that keeps anything resets it.
 
 The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change
 with the number of rows), and at a = 1 the line always favours the longest draft. So the
-lengths next to the chosen one are measured too, each at most EXPLORE_TRIES times while it has no time
-of its own: the choice climbs to the best measured length instead of stopping where the line
-pointed.
+lengths next to the chosen one are measured too, each at most EXPLORE_TRIES times while it has
+no time of its own: the choice climbs to the best measured length instead of stopping where
+the line pointed.
 """
 
 from typing import Dict, List, Optional
@@ -146,8 +146,10 @@ class AdaptiveDraftLength:
     def _neighbour(self, g: int, limit: int) -> int:
         """A length next to g (longer first) that has no measured time yet, to measure it; else
         g. Drafting lengths only: whether to draft at all is the probes' question."""
+        if g == 0:
+            return g
         for n in (g + 1, g - 1):
-            if g > 0 and 1 <= n <= limit and n not in self.seconds and self.explored.get(n, 0) < EXPLORE_TRIES:
+            if 1 <= n <= limit and n not in self.seconds and self.explored.get(n, 0) < EXPLORE_TRIES:
                 self.explored[n] = self.explored.get(n, 0) + 1
                 return n
         return g
