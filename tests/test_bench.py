@@ -166,7 +166,8 @@ def test_draft_length(tiny_models, tmp_path):
 
 
 def test_controlled(tiny_models, tmp_path):
-    _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1", tmp_path=tmp_path)
+    _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1",
+                         "--trials", "3", "--best-of", "2", tmp_path=tmp_path)
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
     # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
     assert data["sweep"][-1]["tokens_per_cycle"] > 5
@@ -197,12 +198,44 @@ def test_controlled(tiny_models, tmp_path):
         if "middle_half" in bar:
             low, high = bar["middle_half"]
             assert low <= bar["ratio"] <= high
+    # Each configuration ran twice in each round, and the round took its fastest run.
+    assert data["best_of"] == 2 and rounds == 3
+    for name, passes in data["runs"].items():
+        assert [len(p) for p in passes] == [2, 2, 2]
+        assert data["trials"][name] == [max(p) for p in passes]
+    assert len(data["loop_efficiency"]["rounds"]) == rounds
     a0 = next(b for b in data["bars"] if b["bar"].startswith("a = 0, g = 6"))
     ratios = sorted(on / off * cost for on, off, cost in zip(data["trials"]["g = 6, a = 0"], data["trials"]["MTP off"], data["costs"]))
     assert a0["ratio"] == pytest.approx(ratios[rounds // 2] if rounds % 2 else (ratios[rounds // 2 - 1] + ratios[rounds // 2]) / 2)
     assert report_rows(folder, "controlled", "met")[0][f"middle half of the {rounds} rounds"] == "{:.2f}-{:.2f}".format(
         *data["bars"][0]["middle_half"])
     assert "The bars, and the spread of their rounds" in (folder / "report.html").read_text()
+
+
+def test_interleaved_rounds_turn_the_order_every_pass_and_keep_each_pass():
+    """Every configuration runs best_of times a round, the order reversed on every pass; the
+    loop efficiency takes the fastest alone time and the fastest loop of the round."""
+    from mlx_spec.bench.controlled import interleaved_rounds
+
+    order, speeds = [], iter(range(1, 100))
+
+    def config(name):
+        def run():
+            order.append(name)
+            tps = next(speeds)
+            return {"tps": tps, "ms_per_cycle": 1000 / tps, "prebuilt_share": 1.0, "exposed_host_ms": 0.0}
+        return run
+
+    alone = iter([10.0, 12.0, 8.0, 8.0, 30.0, 30.0, 5.0, 7.0])
+    configs = {name: config(name) for name in ("a", "b", "c")}
+    done = []
+    runs, efficiency, costs = interleaved_rounds(configs, 2, 2, "b", lambda: next(alone), lambda: 3.5, done.append)
+    assert order == ["a", "b", "c", "c", "b", "a"] * 2
+    assert runs == {"a": [[1, 6], [7, 12]], "b": [[2, 5], [8, 11]], "c": [[3, 4], [9, 10]]}
+    assert costs == [3.5, 3.5] and done == [0, 1]
+    # Round 1: alone (10 + 12) / 2 = 11 and (8 + 8) / 2 = 8; the fastest loop ran 5 tok/s.
+    assert efficiency[0]["device_ms"] == 8.0 and efficiency[0]["loop_ms"] == pytest.approx(200.0)
+    assert efficiency[1]["device_ms"] == 6.0 and efficiency[1]["loop_ms"] == pytest.approx(1000 / 11)
 
 
 def test_media_with_an_image_the_script_draws(checkpoints, tmp_path):
