@@ -30,9 +30,9 @@ def main(argv=None):
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--trials", type=int, default=7, help="interleaved rounds for the bars")
-    parser.add_argument("--best-of", type=int, default=2,
-                        help="runs of each configuration in a round, of which the round takes the fastest")
-    args = parse(parser, argv, quick=dict(prompt_tokens=128, max_tokens=64, trials=3, best_of=1))
+    parser.add_argument("--best-of", type=int, default=1,
+                        help="runs of each configuration in a round, of which the round takes the fastest [1]")
+    args = parse(parser, argv, quick=dict(prompt_tokens=128, max_tokens=64, trials=3))
     if args.trials < 1 or args.best_of < 1:
         raise SystemExit("--trials and --best-of must be at least 1")
     loaded = build_engine(args)
@@ -209,10 +209,9 @@ def interleaved_rounds(configs: dict, trials: int, best_of: int, timed_alone: st
 def fastest_of(tps: list) -> float:
     """A round's figure for one configuration: its fastest run. Whatever else the machine does
     only ever slows a run down, so the fastest of runs taken close together is the nearest to
-    what the configuration itself costs (timeit's minimum, for the same reason). On this
-    project's 2-core VM, with the tiny checkpoint, the ratio of two configurations run side by
-    side varied 9-20% from round to round (coefficient of variation) with one run each, about
-    3% with the fastest of two, with the same median."""
+    what the configuration itself costs (timeit's minimum, for the same reason). It narrows the
+    spread where the machine's slow spells are short; where they last longer than a round, as
+    on this project's VM at times, it narrows it a little (README, Benchmarks)."""
     return max(tps)
 
 
