@@ -23,8 +23,9 @@ for the host between two cycles.
 
 The clock: every host second of the loop is counted to one cycle (`Cycle.seconds`: building its
 pieces, launching its stages, waiting for its sync), which is what the adaptive draft length
-weighs; and the host time from a sync to the next launch, when no cycle was queued, is the
-exposed host time (`Stats.exposed_host_seconds`): time the device sat idle waiting for the host.
+weighs, and to the statistics by kind (build, launch, wait); and the host time from a sync to
+the next launch, when no cycle was queued, is the exposed host time
+(`Stats.exposed_host_seconds`): time the device sat idle waiting for the host.
 """
 
 import time
@@ -64,7 +65,9 @@ class Pipeline:
     def first(self, state: SequenceState, budget: int) -> Cycle:
         """A cycle built from the settled state: at a generation's start, or after a cycle whose
         successor could not be built ahead (its drafter reads the tokens' values)."""
-        return self.builder.build(state, Start.settled(state), self.policy.choose(budget), self.drafter)
+        cycle = self.builder.build(state, Start.settled(state), self.policy.choose(budget), self.drafter)
+        self.stats.build_seconds += cycle.seconds
+        return cycle
 
     def advance(self, state: SequenceState, running: Cycle, budget: int) -> Optional[Cycle]:
         """Launch the rest of `running`, building the next cycle ahead of it between its stages,
@@ -87,6 +90,7 @@ class Pipeline:
             raise
         if upcoming is not None:
             upcoming.seconds += build.seconds
+            self.stats.build_seconds += build.seconds
             self._stage(upcoming)  # queued behind `running`: the device goes straight on
         return upcoming
 
@@ -131,4 +135,6 @@ class Pipeline:
             self.synced_at = None
         began = time.perf_counter()
         mx.async_eval(stage)
-        cycle.seconds += time.perf_counter() - began
+        launched = time.perf_counter() - began
+        cycle.seconds += launched
+        self.stats.launch_seconds += launched

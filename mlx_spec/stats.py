@@ -26,6 +26,12 @@ class Stats:
     # Host time spent waiting in the syncs: while it is well above zero, the device had work
     # queued all along (the host was ahead of it), and a deeper pipeline could not make it faster.
     waited_seconds: float = 0.0
+    # Host time building cycles' graphs, and launching them (`mx.async_eval`). Where the backend
+    # runs each primitive's launch on the host thread (MLX's CPU backend does), the launch holds
+    # the host for about as long as the device computes, and the build adds to the cycle's time
+    # (README, "Benchmarks": what bounds the loop efficiency on the CPU).
+    build_seconds: float = 0.0
+    launch_seconds: float = 0.0
     peak_memory_gb: float = 0.0
 
     @property
@@ -51,6 +57,16 @@ class Stats:
         return 1000 * self.waited_seconds / self.cycles if self.cycles else 0.0
 
     @property
+    def build_ms(self) -> float:
+        """Host time building a cycle's graph, per cycle, in milliseconds."""
+        return 1000 * self.build_seconds / self.cycles if self.cycles else 0.0
+
+    @property
+    def launch_ms(self) -> float:
+        """Host time in a cycle's launches, per cycle, in milliseconds."""
+        return 1000 * self.launch_seconds / self.cycles if self.cycles else 0.0
+
+    @property
     def prebuilt_share(self) -> float:
         return self.prebuilt / (self.cycles - 1) if self.cycles > 1 else 0.0
 
@@ -62,7 +78,7 @@ class Stats:
         out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
         out.update(prompt_tps=self.prompt_tps, generation_tps=self.generation_tps, acceptance=self.acceptance,
                    exposed_host_ms=self.exposed_host_ms, prebuilt_share=self.prebuilt_share,
-                   waited_ms=self.waited_ms)
+                   waited_ms=self.waited_ms, build_ms=self.build_ms, launch_ms=self.launch_ms)
         return out
 
     def count(self, g: int, source: str, kept: int, emitted: int) -> None:

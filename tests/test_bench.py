@@ -175,6 +175,7 @@ def test_controlled(tiny_models, tmp_path):
     for point in data["sweep"]:
         assert point["prebuilt_share"] == point["adaptive_prebuilt_share"] == 1.0
         assert point["exposed_host_ms"] == point["adaptive_exposed_host_ms"] == 0.0
+        assert point["build_ms"] > 0 and point["launch_ms"] > 0
     assert {bar["bar"].split(" ")[0] for bar in data["bars"]} >= {"pre-built", "exposed"}
     folder = tmp_path / "results"
     assert_shown(report_rows(folder, "controlled", "g=6 tok/s"), data["sweep"], {
@@ -223,7 +224,8 @@ def test_interleaved_rounds_turn_the_order_every_pass_and_keep_each_pass():
         def run():
             order.append(name)
             tps = next(speeds)
-            return {"tps": tps, "ms_per_cycle": 1000 / tps, "prebuilt_share": 1.0, "exposed_host_ms": 0.0}
+            return {"tps": tps, "ms_per_cycle": 1000 / tps, "prebuilt_share": 1.0, "exposed_host_ms": 0.0,
+                    "build_ms": 1.0, "launch_ms": 2.0, "waited_ms": 3.0}
         return run
 
     alone = iter([10.0, 12.0, 8.0, 8.0, 30.0, 30.0, 5.0, 7.0])

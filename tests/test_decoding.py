@@ -426,6 +426,36 @@ def test_mtp_off_queues_each_pass_before_the_sync(engine, prompt, reference):
     assert result.stats.prebuilt == result.stats.cycles - 1 and result.stats.exposed_host_seconds == 0
 
 
+def test_the_host_clock_by_kind_covers_every_cycle(engine, prompt, reference, monkeypatch):
+    """The statistics split the loop's host time into building, launching and waiting, and
+    each second of it is some cycle's own (what the adaptive length weighs): the cycles' times,
+    a cycle built ahead and dropped at the end included, add up to exactly the three."""
+    from mlx_spec.pipeline import Pipeline
+
+    cycles, first, advance = [], Pipeline.first, Pipeline.advance
+
+    def recorded(method):
+        def call(self, *args):
+            cycle = method(self, *args)
+            if cycle is not None:
+                cycles.append(cycle)
+            return cycle
+        return call
+
+    monkeypatch.setattr(Pipeline, "first", recorded(first))
+    monkeypatch.setattr(Pipeline, "advance", recorded(advance))
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.3, seed=5)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter, draft_tokens=3)
+    s = result.stats
+    assert result.tokens == reference[len(prompt) :]
+    assert s.build_seconds > 0 and s.launch_seconds > 0 and len(cycles) >= s.cycles > 10
+    clock = s.build_seconds + s.launch_seconds + s.waited_seconds
+    assert sum(cycle.seconds for cycle in cycles) == pytest.approx(clock, rel=1e-9)
+    assert clock <= s.generation_seconds
+    assert s.build_ms == pytest.approx(1000 * s.build_seconds / s.cycles)
+    assert s.launch_ms == pytest.approx(1000 * s.launch_seconds / s.cycles)
+
+
 def test_a_drafter_that_reads_the_tokens_waits_for_them(engine, prompt, reference):
     """Prompt lookup reads the tokens' values: a cycle after one it guessed is built after the
     sync (the chain's MTP member drafts the others ahead)."""

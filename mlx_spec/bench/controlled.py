@@ -89,16 +89,17 @@ def main(argv=None):
                                  "adaptive_speedup": adaptive["tps"] / beside["tps"],
                                  "adaptive_cycles_by_g": adaptive["cycles_by_g"], "prebuilt_share": run["prebuilt_share"],
                                  "exposed_host_ms": run["exposed_host_ms"], "waited_ms": run["waited_ms"],
+                                 "build_ms": run["build_ms"], "launch_ms": run["launch_ms"],
                                  "adaptive_prebuilt_share": adaptive["prebuilt_share"],
                                  "adaptive_exposed_host_ms": adaptive["exposed_host_ms"], "adaptive_waited_ms": adaptive["waited_ms"]})
         rows.append([a, f"{beside['tps']:.1f}", f"{run['tps']:.1f}", f"{expected_tokens(a, g):.2f}", f"{run['tokens_per_cycle']:.2f}",
                      f"{predicted:.2f}x", f"{modelled:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}",
                      f"{measured / modelled:.2f}", f"{100 * run['prebuilt_share']:.0f}%", f"{run['exposed_host_ms']:.2f}",
-                     f"{run['waited_ms']:.2f}", f"{adaptive['tps']:.1f}", f"{adaptive['tps'] / beside['tps']:.2f}x",
+                     f"{run['waited_ms']:.2f}", f"{run['build_ms']:.2f} / {run['launch_ms']:.2f}", f"{adaptive['tps']:.1f}", f"{adaptive['tps'] / beside['tps']:.2f}x",
                      f"{100 * adaptive['prebuilt_share']:.0f}%", f"{adaptive['exposed_host_ms']:.2f}"])
     print(markdown(["acceptance", "MTP off tok/s", f"g={g} tok/s", "E", "tokens/cycle drawn", "predicted E/(R+C)", "with drawn tokens/cycle",
                     "measured", "measured / predicted", "measured / with drawn", "pre-built", "exposed host ms/cycle",
-                    "host waited ms/cycle", "adaptive tok/s", "adaptive speed-up", "adaptive pre-built",
+                    "host waited ms/cycle", "host build / launch ms/cycle", "adaptive tok/s", "adaptive speed-up", "adaptive pre-built",
                     "adaptive exposed ms/cycle"], rows))
 
     # The bars compare runs a few percent apart, so they are measured again in `--trials`
@@ -132,7 +133,9 @@ def main(argv=None):
     results["loop_efficiency"] = {"median": loop, "rounds": efficiency}
     print(f"\nLoop efficiency at a = 1, g = {g}: a cycle alone takes {loop['device_ms']:.2f} ms on the device, "
           f"{loop['loop_ms']:.2f} ms per cycle in the loop: {loop['efficiency']:.2f}; cycles launched pre-built "
-          f"{100 * loop['prebuilt_share']:.0f}%, exposed host time {loop['exposed_host_ms']:.2f} ms per cycle")
+          f"{100 * loop['prebuilt_share']:.0f}%, exposed host time {loop['exposed_host_ms']:.2f} ms per cycle; the host "
+          f"built each cycle in {loop['build_ms']:.2f} ms, launched it in {loop['launch_ms']:.2f} ms and waited "
+          f"{loop['waited_ms']:.2f} ms in its sync")
     best = max(range(1, 9), key=lambda n: tps[f"g = {n}, a = 1"])
     results.update(trials=trials, runs=runs, best_of=args.best_of, median_tps=tps, best_fixed_g=best)
     print(f"\nMedian of {args.trials} interleaved rounds, each the fastest of {args.best_of} run(s) (tok/s; the bars below "
@@ -201,7 +204,7 @@ def interleaved_rounds(configs: dict, trials: int, best_of: int, timed_alone: st
         alone = min(ms for ms, _ in timed)
         loop = min((run for _, run in timed), key=lambda run: run["ms_per_cycle"])
         efficiency.append({"device_ms": alone, "loop_ms": loop["ms_per_cycle"], "efficiency": alone / loop["ms_per_cycle"],
-                           "prebuilt_share": loop["prebuilt_share"], "exposed_host_ms": loop["exposed_host_ms"]})
+                           **{key: loop[key] for key in ("prebuilt_share", "exposed_host_ms", "build_ms", "launch_ms", "waited_ms")}})
         done(trial)
     return runs, efficiency, costs
 

@@ -76,6 +76,7 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, d
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times, cycles), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
             "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms, "waited_ms": s.waited_ms,
+            "build_ms": s.build_ms, "launch_ms": s.launch_ms,
             "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1),
             "tokens_per_cycle": len(tokens) / max(s.cycles, 1), "prompt_tps": s.prompt_tps,
             "cycles_by_g": dict(s.cycles_by_g), "kept_by_position": list(s.kept_by_position),
