@@ -54,17 +54,20 @@ class Stats:
     @property
     def waited_ms(self) -> float:
         """Host time waiting in the syncs per cycle, in milliseconds."""
-        return 1000 * self.waited_seconds / self.cycles if self.cycles else 0.0
+        return self._per_cycle_ms(self.waited_seconds)
 
     @property
     def build_ms(self) -> float:
         """Host time building a cycle's graph, per cycle, in milliseconds."""
-        return 1000 * self.build_seconds / self.cycles if self.cycles else 0.0
+        return self._per_cycle_ms(self.build_seconds)
 
     @property
     def launch_ms(self) -> float:
         """Host time in a cycle's launches, per cycle, in milliseconds."""
-        return 1000 * self.launch_seconds / self.cycles if self.cycles else 0.0
+        return self._per_cycle_ms(self.launch_seconds)
+
+    def _per_cycle_ms(self, seconds: float) -> float:
+        return 1000 * seconds / self.cycles if self.cycles else 0.0
 
     @property
     def prebuilt_share(self) -> float:
