@@ -42,7 +42,11 @@ except ImportError:
 args = arguments("ab worker").parse_args(sys.argv[1:-2])
 prompt_tokens, max_tokens = int(sys.argv[-2]), int(sys.argv[-1])
 loaded = build_engine(args)
-engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+# The same pair without stop tokens: the reference continuation runs the full length.
+if hasattr(loaded, "with_stop_tokens"):
+    engine = loaded.with_stop_tokens([])
+else:  # a revision before the engine was split into its parts
+    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
 greedy = SAMPLING["greedy"]
 prompt = np.random.default_rng(0).integers(0, engine.target.vocab_size, prompt_tokens).tolist()
 warm_up(engine, prompt, greedy)

@@ -15,7 +15,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlx_spec.bench.common import header, machine, markdown  # noqa: E402
-from mlx_spec.ngrams import NgramIndex  # noqa: E402
+from mlx_spec.drafting.ngrams import NgramIndex  # noqa: E402
 
 CYCLE_BAR_MS, INDEX_BAR_MS = 0.05, 50.0
 

@@ -1,16 +1,18 @@
 """mlx-spec: exact speculative decoding for Gemma 4 with its MTP drafter, in MLX."""
 
-from .chat_format import tool_result
-from .engine import Engine, load
-from .generation import ContextError, Generation, GenerationResult
-from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, LoadError
+from .chat import ChatSession, tool_result
+from .decoding.prompt_cache import PromptCache
+from .decoding.reports import TokenReport
+from .decoding.stats import Stats
+from .engine import Engine
+from .errors import ContextError, LoadError, MediaError, MlxSpecError, SettingsError
+from .generation import Generation, GenerationResult
+from .loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load
 from .options import Options
-from .prompt_cache import PromptCache
-from .sampling import SettingsError
 
 __all__ = [
-    "load", "Engine", "Options", "Generation", "GenerationResult", "PromptCache", "tool_result", "LoadError",
-    "SettingsError", "ContextError",
+    "load", "Engine", "Options", "Generation", "GenerationResult", "TokenReport", "Stats", "ChatSession",
+    "PromptCache", "tool_result", "MlxSpecError", "LoadError", "SettingsError", "ContextError", "MediaError",
     "DEFAULT_TARGET", "DEFAULT_DRAFTER",
 ]
 __version__ = "0.1.0"

@@ -11,14 +11,23 @@ never wrong, and never more than the new turn, the last answer and a few tokens.
 
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .chat_format import Message, assistant_message, parse_tool_calls, tool_result
+from .decoding.reports import TokenReport
+from .decoding.sequence import SequenceState
+from .decoding.stats import Stats
 from .generation import Generation
 from .options import Options
-from .reports import TokenReport
-from .sequence import SequenceState
-from .stats import Stats
 
-__all__ = ["ChatSession", "parse_tool_calls", "tool_result"]
+__all__ = ["ChatSession", "tool_result"]
+Message = Dict[str, Any]
+
+def tool_result(name: str, content: Any, tool_call_id: Optional[str] = None) -> Message:
+    """A tool's result as a chat message. A mapping is rendered natively
+    (`response:NAME{key:value}`), a string as `response:NAME{value:...}`."""
+    message: Message = {"role": "tool", "name": name, "content": content}
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
+    return message
+
 
 
 class ChatSession:
@@ -30,8 +39,10 @@ class ChatSession:
         session.send(tool_result(call["name"], {...}, call["id"]))  # or a list of results at once
     """
 
+    MAX_TOKENS = 512  # tokens per answer unless the options say otherwise (`Engine.chat`, mlx-spec chat)
+
     def __init__(self, engine, options: Options, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None):
-        engine._require_tokenizer("a chat session")
+        engine.text.require_tokenizer("a chat session")
         self.engine = engine
         self.system_prompt = system_prompt
         self.tools = tools
@@ -95,4 +106,5 @@ class ChatSession:
         finally:
             stream.close()
             self.last_result = result = generation.result
-            self.messages.append(assistant_message(result.text, result.tool_calls, result.thinking))
+            self.messages.append(self.engine.text.format.assistant_message(result.text, result.tool_calls,
+                                                                         result.thinking))

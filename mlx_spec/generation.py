@@ -14,12 +14,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .chat_format import ANSWER, THOUGHT, parse_tool_calls
+from .decoding.reports import TokenReport
+from .decoding.sequence import SequenceState
+from .decoding.stats import Stats
+from .errors import ContextError
+from .models.protocol import ANSWER, THOUGHT
 from .options import Options
-from .reports import TokenReport
-from .sampling import SettingsError
-from .sequence import SequenceState
-from .stats import Stats
 
 
 @dataclass
@@ -33,15 +33,6 @@ class GenerationResult:
     thinking: str = ""  # the thought, when thinking was on and the model thought
 
 
-class ContextError(SettingsError):
-    """The prompt and the tokens asked for do not fit the model's positions."""
-
-    def __init__(self, prompt_tokens: int, requested: int, context: int):
-        self.prompt_tokens, self.requested, self.context = prompt_tokens, requested, context
-        super().__init__(
-            f"prompt too long: {prompt_tokens} tokens plus {requested} to generate exceed the "
-            f"model's {context} positions"
-        )
 
 
 def tokens_to_generate(prompt_tokens: int, options: Options, context: int) -> int:
@@ -96,7 +87,7 @@ class Generation:
 
     def __iter__(self) -> Iterator[TokenReport]:
         self.start()
-        stream = self.engine.with_text(self.decoder.generate(self.state, self.limit))
+        stream = self.engine.text.with_text(self.decoder.generate(self.state, self.limit))
         try:
             for step in stream:
                 yield from self._release(self.stops.feed(dataclasses.replace(step, text=step.raw) if self.as_written else step))
@@ -122,7 +113,7 @@ class Generation:
 def build_result(engine, steps: List[TokenReport], stats: Stats, stopped_by_string: bool = False) -> GenerationResult:
     """The result of a finished generation from the reports handed out."""
     tokens = [s.token for s in steps]
-    calls = parse_tool_calls(engine.decode(tokens))
+    calls = engine.text.format.parse_tool_calls(engine.text.text_of(tokens))
     finish = "tool_calls" if calls else "stop" if stopped_by_string or (tokens and tokens[-1] in engine.stop_tokens) else "length"
     text = "".join(s.text or "" for s in steps if s.channel == ANSWER)
     thinking = "".join(s.text or "" for s in steps if s.channel == THOUGHT)

@@ -2,29 +2,27 @@
 
 The estimate is the weights (the safetensors files as they are on disk, or as the hub lists
 them before anything is downloaded) plus the target's K/V cache at the requested context, read
-from its config: the layers that compute K/V (K/V-shared layers hold none), a sliding window's
-worth of positions on sliding layers, the whole context on full ones, keys and values both (a
-keys-equal-values layer still caches its values apart: they are normalised differently). The
+from its config as its family counts it (models/registry.py: `Family.kv_cache_bytes`). The
 drafter keeps no cache: it reads the target's.
 """
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional, Tuple
 
 import mlx.core as mx
 
-from .family import by_target
-from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, head_dims, kv_heads, normalize_text_config
-from .gemma4 import text_config as language_config
-from .loading import LoadError
+from .decoding.limits import PREFILL_CHUNK, TRIM_ALLOWANCE
+from .errors import LoadError
+from .models import FAMILIES, Registry
 
 GB = 1e9
 DEFAULT_CONTEXT = 8192
-# What a sliding cache holds beyond its window after a long prompt (cache.SlidingWindowCache):
-# the drafter's extra position, the positions it can trim, and a prefill chunk of 512.
-SLIDING_SLACK = 1 + TRIM_ALLOWANCE + 512
+# What a sliding cache holds beyond its window after a long prompt (models/cache.py): the
+# drafter's extra position, the positions it can trim, and a prefill chunk.
+SLIDING_SLACK = 1 + TRIM_ALLOWANCE + PREFILL_CHUNK
 
 
 @dataclass
@@ -49,62 +47,53 @@ def available_bytes() -> int:
         size = mx.device_info().get("max_recommended_working_set_size")
         if size:
             return int(size)
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def kv_cache_bytes(text: dict, context: int) -> int:
-    """Bytes of the target's K/V cache at `context` tokens, from its text config."""
-    heads, dims = kv_heads(text), head_dims(text)
-    per_position = {kind: heads[kind] * dims[kind] for kind in (SLIDING, FULL)}
-    positions = {SLIDING: min(context, text["sliding_window"] + SLIDING_SLACK), FULL: context}
-    dtype = text.get("dtype") or text.get("torch_dtype") or "bfloat16"
-    item = 4 if dtype == "float32" else 2
-    return sum(2 * per_position[kind] * positions[kind] * item for kind in cached_layer_types(text))
+def kv_cache_bytes(config: Mapping[str, Any], context: int, registry: Registry = FAMILIES) -> Optional[int]:
+    """Bytes of a target's K/V cache at `context` tokens, from its config.json (or the published
+    text config of a size), as its family counts them; None where no family can."""
+    family = registry.family_for_config(config) or registry.default
+    if family.kv_cache_bytes is None:
+        return None
+    return family.kv_cache_bytes(config, context, SLIDING_SLACK)
 
 
-def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT) -> Optional[Estimate]:
+def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT,
+             registry: Registry = FAMILIES) -> Optional[Estimate]:
     """Weights + K/V cache of a pair (hub ids or folders), without downloading any weights;
     None where the sizes cannot be known (offline and not downloaded yet)."""
-    weights, text = _files_and_config(target)
-    if weights is None or text is None:
+    weights, config = _files_and_config(target, registry)
+    kv_cache = kv_cache_bytes(config, context, registry) if config is not None else None
+    if weights is None or kv_cache is None:
         return None
     if drafter is not None:
-        drafter_weights, _ = _files_and_config(drafter)
+        drafter_weights, _ = _files_and_config(drafter, registry)
         if drafter_weights is None:
             return None
         weights += drafter_weights
-    return Estimate(weights, kv_cache_bytes(text, context), context)
+    return Estimate(weights, kv_cache, context)
 
 
-def _files_and_config(path_or_repo: str):
-    """(bytes of model*.safetensors, the text config) of a folder, of a hub repo already in the
+def _files_and_config(path_or_repo: str, registry: Registry) -> Tuple[Optional[int], Optional[dict]]:
+    """(bytes of model*.safetensors, config.json) of a folder, of a hub repo already in the
     local cache, or of a hub repo as the hub lists it; None for what cannot be found."""
     folder = Path(path_or_repo).expanduser()
     if not folder.is_dir():
         folder = _cached_snapshot(path_or_repo)
     if folder is not None:
         sizes = [f.stat().st_size for f in folder.glob("model*.safetensors")]
-        return (sum(sizes) if sizes else None), _text_config(folder / "config.json")
-    return _hub_sizes(path_or_repo), _hub_text_config(path_or_repo)
+        return (sum(sizes) if sizes else None), read_config(folder / "config.json")
+    return _hub_sizes(path_or_repo), _hub_config(path_or_repo, registry)
 
 
-def _text_config(file: Path) -> Optional[dict]:
+def read_config(file: Path) -> Optional[dict]:
+    """A config.json as a dict, or None where there is none to read."""
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict):
-        return None
-    text = language_config(config)
-    if not isinstance(text, dict):
-        return None
-    text = normalize_text_config(text)  # per_layer_config's full-layer sizes, transformers' defaults
-    if "dtype" not in text and "torch_dtype" not in text:
-        text["dtype"] = config.get("dtype") or config.get("torch_dtype")
-    needed = ("num_hidden_layers", "head_dim", "sliding_window")
-    return text if all(k in text for k in needed) else None
+    return config if isinstance(config, dict) else None
 
 
 def _cached_snapshot(repo_id: str) -> Optional[Path]:
@@ -128,22 +117,24 @@ def _hub_sizes(repo_id: str) -> Optional[int]:
     return sum(s or 0 for s in sizes) if sizes else None
 
 
-def _hub_text_config(repo_id: str) -> Optional[dict]:
-    size = by_target(repo_id)
-    if size is not None:
-        return dict(size.text)
+def _hub_config(repo_id: str, registry: Registry) -> Optional[dict]:
+    """The published config of a size known by this hub id, else its config.json on the hub."""
+    size = registry.size(repo_id)
+    if size is not None and getattr(size, "config", None) is not None:
+        return dict(size.config)
     try:
         from huggingface_hub import hf_hub_download
 
-        return _text_config(Path(hf_hub_download(repo_id, "config.json")))
+        return read_config(Path(hf_hub_download(repo_id, "config.json")))
     except Exception:
         return None
 
 
-def check(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT, force: bool = False) -> Optional[Estimate]:
+def check(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT, force: bool = False,
+          registry: Registry = FAMILIES) -> Optional[Estimate]:
     """Raise a LoadError when the pair needs more memory than this machine has,
     unless `force`. Returns the estimate (None when it cannot be made)."""
-    needed = estimate(target, drafter, context)
+    needed = estimate(target, drafter, context, registry)
     if needed is None or force:
         return needed
     have = available_bytes()

@@ -8,9 +8,10 @@ values are refused here, by name, before any model work.
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Tuple
 
-from .gemma4 import MAX_DRAFT_TOKENS
+from .decoding.limits import check_draft_tokens
+from .errors import SettingsError
 from .media.images import SOFT_TOKEN_BUDGETS
-from .sampling import SamplingSettings, SettingsError, is_integer
+from .sampling.settings import SamplingSettings, is_integer
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,7 @@ class Options:
         self.sampling  # checks temperature, top_k, top_p and seed
         if not is_integer(self.max_tokens) or self.max_tokens < 1:
             raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.draft_tokens is not None and (
-            not is_integer(self.draft_tokens) or not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS
-        ):
-            raise SettingsError(f"draft_tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {self.draft_tokens!r}")
+        check_draft_tokens(self.draft_tokens)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if not all(isinstance(s, str) and s for s in stop):
             raise SettingsError(f"stop strings must be non-empty strings, got {list(stop)!r}")

@@ -2,7 +2,7 @@
 answered by two tool calls, the answer from their results, and a greeting answered after a
 thought. Rendered with Google's template, as mlx-spec renders them."""
 
-from mlx_spec.chat_format import for_template
+from mlx_spec.models.gemma4.chat_format import for_template
 
 TOOLS = [
     {

@@ -68,10 +68,9 @@ def engine(checkpoints):
     """The tiny target and MTP assistant, with no stop tokens: the random tiny model would end
     early, and most tests want long outputs. (test_chat keeps the stop tokens.)"""
     from mlx_spec import load
-    from mlx_spec.engine import Engine
 
     loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
-    return Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    return loaded.with_stop_tokens([])
 
 
 @pytest.fixture(scope="session")

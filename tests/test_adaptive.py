@@ -7,8 +7,7 @@ import pytest
 
 import tiny
 from mlx_spec import load
-from mlx_spec.policy import AdaptiveDraftLength
-from mlx_spec.engine import Engine
+from mlx_spec.decoding.policy import AdaptiveDraftLength
 from scripted import ScriptedDrafter
 
 LONG = 200
@@ -52,7 +51,7 @@ def test_policy_measures_the_lengths_next_to_its_choice():
 
 def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
     """A length whose cycles are never timed (each traced) is not tried forever."""
-    from mlx_spec.policy import EXPLORE_TRIES
+    from mlx_spec.decoding.policy import EXPLORE_TRIES
 
     policy = AdaptiveDraftLength(8)
     chosen = []
@@ -83,7 +82,7 @@ def test_policy_finds_the_middle():
 def test_policy_drafts_again_when_content_becomes_predictable():
     """Within MAX_PROBE_INTERVAL plain cycles (the longest wait between probes, however many
     kept nothing) a probe notices, and two cycles later the draft is long again."""
-    from mlx_spec.policy import MAX_PROBE_INTERVAL
+    from mlx_spec.decoding.policy import MAX_PROBE_INTERVAL
 
     policy = AdaptiveDraftLength(8)
     simulate(policy, acceptance=0.0, cycles=400)
@@ -153,7 +152,7 @@ def test_probes_that_keep_nothing_back_off():
     """Where nothing is ever kept, each empty probe doubles the wait for the next (up to
     MAX_PROBE_INTERVAL cycles): over 3,000 cycles far fewer probes than at a fixed interval,
     never fewer than the cap allows; a probe that keeps something resets the wait."""
-    from mlx_spec.policy import MAX_PROBE_INTERVAL
+    from mlx_spec.decoding.policy import MAX_PROBE_INTERVAL
 
     policy = stopped_policy()
     policy.observe(policy.probe_g, 0, 1.3)  # the probe handed out settles, keeping nothing
@@ -209,7 +208,7 @@ def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference, m
 
 def test_lookup_alone_without_an_assistant(checkpoints, prompt, reference):
     plain = load(str(checkpoints["text"]), drafter=None)
-    plain = Engine(plain.target, None, plain.tokenizer, stop_tokens=[])
+    plain = plain.with_stop_tokens([])
     result = plain.generate(prompt, max_tokens=LONG)
     assert result.tokens == reference[len(prompt) :]
     assert set(result.stats.drafted_by_source) <= {"lookup"}
@@ -256,7 +255,7 @@ def test_cycles_that_trace_are_not_timed_and_the_steady_state_traces_nothing(che
     """A fresh engine's first cycle at each length traces its compiled passes (a trace takes
     several cycles' time): the adaptive length is not charged for it. No other cycle traces
     (until a buffer grows): the same length replays its graphs, built ahead or not."""
-    from mlx_spec.sequence import SequenceState
+    from mlx_spec.decoding.sequence import SequenceState
 
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))  # nothing traced yet
     decoder = engine.decoder(draft_tokens=2, lookup=False, report=False)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_spec.loading import LoadError
+from mlx_spec.errors import LoadError
 from mlx_spec.media.audio import SAMPLE_RATE, audio_features, audio_tokens
-from mlx_spec.media.audio_tower import AudioTower, AudioWeightsError, audio_tower_weights, soft_tokens
+from mlx_spec.media.audio_tower import AudioTower, audio_tower_weights, soft_tokens
+from mlx_spec.errors import AudioWeightsError
 from mlx_spec.media.towers import TowerMedia
 
 torch = pytest.importorskip("torch")

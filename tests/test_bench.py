@@ -302,7 +302,7 @@ def test_random_weights_quantized_like_the_default_model():
     assert isinstance(target.text_model.embed_tokens, nn.QuantizedEmbedding)
     assert isinstance(target.text_model.embed_tokens_per_layer, nn.QuantizedEmbedding)
     assert isinstance(target.text_model.layers[0].mlp.gate_proj, nn.QuantizedLinear)
-    engine = Engine(target, drafter, tokenizer=None, stop_tokens=[])
+    engine = Engine.of(target, drafter)
     result = engine.generate(list(range(1, 40)), max_tokens=12, draft_tokens=3)
     assert len(result.tokens) == 12 and result.stats.drafted > 0
     assert result.tokens == engine.generate(list(range(1, 40)), max_tokens=12, mtp=False).tokens
@@ -356,8 +356,8 @@ def test_random_weights_of_each_size_at_small_width(name):
     from mlx_spec.bench.models import family_shape, random_drafter, random_target
 
     from mlx_spec.engine import Engine
-    from mlx_spec.family import FAMILY
-    from mlx_spec.gemma4 import kv_source_layers
+    from mlx_spec.models.gemma4.sizes import SIZES as FAMILY
+    from mlx_spec.models.gemma4.facts import kv_source_layers
 
     target_shape, drafter_shape, ordered = family_shape(name)
     small = dict(hidden_size=128, vocab_size=4096, vocab_size_per_layer_input=4096, intermediate_size=256,
@@ -378,7 +378,7 @@ def test_random_weights_of_each_size_at_small_width(name):
     if args.enable_moe_block:
         assert type(target.text_model.layers[0].experts.switch_glu.gate_proj).__name__ == "QuantizedSwitchLinear"
     assert drafter.config.use_ordered_embeddings == ordered
-    engine = Engine(target, drafter, tokenizer=None, stop_tokens=[])
+    engine = Engine.of(target, drafter)
     prompt = list(range(1, 21))  # past the window of 16
     result = engine.generate(prompt, max_tokens=4, draft_tokens=3, lookup=False, report=False)
     assert len(result.tokens) == 4 and result.stats.drafted > 0

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_spec.cache import SlidingWindowCache
+from mlx_spec.models.cache import SlidingWindowCache
 
 WINDOW, MAX_TRIM, D = 8, 10, 4
 
@@ -54,7 +54,8 @@ def test_attention_through_cache_equals_full_history(ops, seed):
         trim = min(trim, cache.offset - max(0, cache.furthest - MAX_TRIM))
         assert cache.trim(trim) == trim
         # What the drafter reads: the last WINDOW + 1 settled positions, oldest first.
-        dk, dv = cache.draft_view()
+        lo_slot, hi_slot = cache.draft_range()
+        dk, dv = cache.keys[..., lo_slot:hi_slot, :], cache.values[..., lo_slot:hi_slot, :]
         lo = max(0, cache.offset - WINDOW - 1)
         np.testing.assert_array_equal(np.array(dk)[0, 0], keys[lo : cache.offset])
         np.testing.assert_array_equal(np.array(dv)[0, 0], values[lo : cache.offset])

@@ -11,9 +11,9 @@ from chat_script import (
     ANSWER, CALLS, GREETING, HELLO, QUESTION, QUESTION_MESSAGES, RESULTS, THOUGHT, TOOLS, calls_message, results_messages,
 )
 from mlx_spec import load
-from mlx_spec.chat import parse_tool_calls, tool_result
-from mlx_spec.engine import Engine
-from mlx_spec.sampling import SettingsError
+from mlx_spec.chat import tool_result
+from mlx_spec.models.gemma4.chat_format import parse_tool_calls
+from mlx_spec.errors import SettingsError
 
 DECLARATION = (
     '<|tool>declaration:get_current_time{description:<|"|>The current time in a city<|"|>,parameters:{properties:'
@@ -180,7 +180,7 @@ def test_reset_and_settings_change(engine):
 
 
 def test_stopping_mid_answer_keeps_the_session_consistent(engine):
-    plain = Engine(engine.target, engine.assistant, engine.tokenizer, stop_tokens=[])
+    plain = engine.with_stop_tokens([])
     session = plain.chat(max_tokens=40)
     count = 0
 

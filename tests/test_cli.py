@@ -118,7 +118,7 @@ def printed(reports) -> str:
     import contextlib
     import io
 
-    from mlx_spec.terminal import TokenPrinter
+    from mlx_spec.cli.terminal import TokenPrinter
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -12,13 +12,18 @@ import numpy as np
 import pytest
 
 import tiny
-from mlx_spec.cache import FullCache
+from mlx_spec.models.cache import FullCache
 from mlx_spec.drafting import DraftContext, MTPDrafter
-from mlx_spec.loading import load_drafter, load_target
-from mlx_spec.reports import report_arrays
-from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution, uniform_streams
-from mlx_spec.target import prefill, trim_cache
-from mlx_spec.verify import Verifier
+from mlx_spec.models import load_drafter, load_target
+from mlx_spec.decoding.reports import report_arrays
+from mlx_spec.sampling.settings import SamplingSettings
+from mlx_spec.sampling.acceptance import accept_by_match, accept_by_ratio
+from mlx_spec.sampling.distribution import distribution
+from mlx_spec.sampling.uniforms import uniform_streams
+from mlx_spec.models.cache import trim_cache
+from mlx_spec.decoding.verify import Verifier
+from mlx_spec.models.traces import TraceCache
+from kv import fresh_cache, prefill, sliced, step_kv
 
 GEMMA = SamplingSettings.named("gemma")
 STEPS = 5
@@ -28,7 +33,8 @@ def plain_draft(assistant, target, context, steps, settings=None):
     """Draft steps by `Assistant.step` over sliced K/V: guesses, hidden states and q."""
     token, hidden, out = context.last_token, context.hidden, []
     for i in range(steps):
-        h, hidden = assistant.step(target.embed(token), hidden, context.shared_kv, mx.array(context.position))
+        h, hidden = assistant.step(target.embed(token), hidden, step_kv(assistant, sliced(context.kv)),
+                                   mx.array(context.position))
         if settings is None:
             token, q = assistant.greedy_token(h), None
         else:
@@ -39,7 +45,7 @@ def plain_draft(assistant, target, context, steps, settings=None):
 
 
 def context_after(target, ids, settings, uniforms):
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     hidden = prefill(target, mx.array([ids[:-1]]), cache, chunk=tiny.WINDOW + 1)
     return DraftContext(ids, mx.array([ids[-1:]]), hidden, target.drafter_buffers(cache), settings, uniforms)
 
@@ -73,13 +79,13 @@ def test_the_draft_step_is_traced_again_only_when_a_buffer_grows(engine, monkeyp
     traced = MTPDrafter._argmax_step
 
     def counting(self, *args):
-        traces.append(tuple(a.shape for a in args[2:8]))
+        traces.append(tuple(a.shape for a in args[3:9]))  # (token, hidden, position, *K/V)
         return traced(self, *args)
 
     monkeypatch.setattr(MTPDrafter, "_argmax_step", counting)
     drafter = MTPDrafter(engine.mtp_drafter.assistant, engine.target)
     decoder = engine.decoder(drafter=drafter, draft_tokens=3)
-    from mlx_spec.sequence import SequenceState
+    from mlx_spec.decoding.sequence import SequenceState
 
     state = SequenceState(engine.target)
     decoder.add_tokens(state, list(range(1, 40)))
@@ -103,17 +109,17 @@ def test_compiled_verification_equals_plain(settings, g):
     dist = distribution(logits, settings)
     kept, tokens = accept_by_match(dist, guesses, uniforms)
     expected = {"kept": kept, "tokens": tokens, **report_arrays(logits, dist, tokens)}
-    kept, tokens, reports = Verifier(settings, True).by_match(logits, guesses, uniforms)
+    kept, tokens, reports = Verifier(settings, True, TraceCache()).by_match(logits, guesses, uniforms)
     assert_same(expected, {"kept": kept, "tokens": tokens, **reports})
 
-    assert Verifier(settings, False).by_match(logits, guesses, uniforms)[2] == {}
+    assert Verifier(settings, False, TraceCache()).by_match(logits, guesses, uniforms)[2] == {}
     if g == 0:
         return  # no guesses, no q: the loop verifies by match
     q = mx.softmax(mx.array(rng.normal(size=(g, tiny.VOCAB)).astype(np.float32)), axis=-1)
     ratio = (guesses, q, streams["accept"].take(0, g)[:, 0], streams["residual"].take(0, g), uniforms[-1])
     kept, tokens = accept_by_ratio(dist, *ratio)
     expected = {"kept": kept, "tokens": tokens, **report_arrays(logits, dist, tokens)}
-    kept, tokens, reports = Verifier(settings, True).by_ratio(logits, *ratio)
+    kept, tokens, reports = Verifier(settings, True, TraceCache()).by_ratio(logits, *ratio)
     assert_same(expected, {"kept": kept, "tokens": tokens, **reports})
 
 
@@ -127,9 +133,11 @@ def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
     """Buffer sizes depend on where each conversation's caches grew, so a server sees ever new
     ones: past the bound the least recently used compiled steps are dropped and traced again
     when needed, and the tokens stay the target's."""
+    from mlx_spec.models.traces import TraceCache
+
     drafter = MTPDrafter(engine.mtp_drafter.assistant, engine.target)
-    drafter.traces.bound = 1
-    from mlx_spec.sequence import SequenceState
+    drafter.traces = TraceCache(bound=1)  # its own, not the target's shared one
+    from mlx_spec.decoding.sequence import SequenceState
 
     def tokens(**kwargs):
         decoder = engine.decoder(**kwargs)
@@ -196,8 +204,8 @@ def test_compiled_target_pass_equals_plain_for_every_size(family, variant):
 def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch):
     """Generating 600 tokens, with draft lengths chosen as the loop goes (every pass length from
     1 to 9 positions), the compiled pass is traced once per input length and buffer shapes."""
-    from mlx_spec.sequence import SequenceState
-    from mlx_spec.target_pass import CompiledPass
+    from mlx_spec.decoding.sequence import SequenceState
+    from mlx_spec.models.gemma4.target_pass import CompiledPass
 
     traces = []
     traced = CompiledPass._pass
@@ -207,7 +215,7 @@ def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch
         return traced(self, tokens, offset, starts, *buffers)
 
     monkeypatch.setattr(CompiledPass, "_pass", counting)
-    engine.target._compiled_pass = CompiledPass(engine.target)
+    engine.target._compiled_pass = CompiledPass(engine.target, engine.target.traces)
     decoder = engine.decoder(draft_tokens=None)
     state = SequenceState(engine.target)
     decoder.add_tokens(state, list(range(1, 40)))
@@ -220,11 +228,12 @@ def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch
 
 
 def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch):
-    import mlx_spec.target_pass as target_pass
-    from mlx_spec.sequence import SequenceState
+    import mlx_spec.models.gemma4.target_pass as target_pass
+    from mlx_spec.decoding.sequence import SequenceState
 
-    compiled = engine.target._compiled_pass = target_pass.CompiledPass(engine.target)
-    compiled.traces.bound = 1
+    from mlx_spec.models.traces import TraceCache
+
+    compiled = engine.target._compiled_pass = target_pass.CompiledPass(engine.target, TraceCache(bound=1))
 
     def tokens(**kwargs):
         decoder = engine.decoder(**kwargs)
@@ -239,9 +248,10 @@ def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch)
 def test_compiled_functions_held_stay_under_their_bound(checkpoints):
     """A long-running server is sent settings nobody foresaw: 200 distinct (temperature, top-k,
     top-p) through one engine, each with its own compiled verification and draft steps, leave
-    no more compiled functions held than traces.MAX_TRACES per owner, and the latest settings
-    still decode exactly."""
-    from mlx_spec import load, traces, verify
+    no more compiled functions held than traces.MAX_TRACES in their one owner (the target), and
+    the latest settings still decode exactly."""
+    from mlx_spec import load
+    from mlx_spec.models import traces
     from mlx_spec.drafting import MTPDrafter
 
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
@@ -250,9 +260,9 @@ def test_compiled_functions_held_stay_under_their_bound(checkpoints):
     for i in range(200):
         settings = dict(temperature=0.5 + i / 100, top_k=i % 7, top_p=1 - i / 1000, seed=i)
         engine.generate(prompt, max_tokens=3, draft_tokens=2, drafter=sampled if i % 2 else None, **settings)
-    owners = [verify.TRACES, sampled.traces, engine.mtp_drafter.traces, engine.target._compiled_pass.traces]
-    assert all(len(o) <= traces.MAX_TRACES for o in owners), [len(o) for o in owners]
-    assert len(verify.TRACES) == traces.MAX_TRACES  # it did fill up: the bound was what held it
+    owner = engine.target.traces
+    assert sampled.traces is owner and engine.mtp_drafter.traces is owner and engine.target._compiled_pass.traces is owner
+    assert len(owner) == traces.MAX_TRACES  # it did fill up: the bound was what held it
     last = dict(temperature=0.5 + 199 / 100, top_k=199 % 7, top_p=1 - 199 / 1000, seed=199)
     assert engine.generate(prompt, max_tokens=12, **last).tokens == engine.generate(prompt, max_tokens=12, mtp=False, **last).tokens
 
@@ -275,7 +285,7 @@ def test_full_caches_grow_to_whole_steps_in_prefill_too(checkpoints):
     """A second prompt goes through the plain pass: the full cache still grows to a multiple of
     its step, so every conversation's compiled pass sees the same few buffer shapes."""
     target, _ = load_target(str(checkpoints["text"]))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     ids = np.random.default_rng(1).integers(0, tiny.VOCAB, 1300).tolist()
     prefill(target, mx.array([ids[:300]]), cache)
     target.forward(mx.array([ids[300:303]]), cache)

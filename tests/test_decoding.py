@@ -8,12 +8,11 @@ import torch
 
 import tiny
 from mlx_spec import load
-from mlx_spec.cache import SlidingWindowCache
-from mlx_spec.decoder import SequenceState
-from mlx_spec.engine import Engine
-from mlx_spec.sampling import SettingsError
-from mlx_spec.target import prefill
+from mlx_spec.models.cache import SlidingWindowCache
+from mlx_spec.decoding.sequence import SequenceState
+from mlx_spec.errors import SettingsError
 from scripted import ScriptedDrafter, StepwiseDrafter
+from kv import exact_kv, fresh_cache, prefill, sliced
 
 LONG = 320  # tokens generated: many sliding windows (12) long
 
@@ -95,7 +94,7 @@ class RecordingDrafter:
         self.inner, self.seen = inner, []
 
     def draft(self, context, g):
-        kv = {k: (np.array(v[0]), np.array(v[1])) for k, v in context.shared_kv.items()}
+        kv = {k: (np.array(v[0]), np.array(v[1])) for k, v in sliced(context.kv).items()}
         self.seen.append((list(context.tokens), np.array(context.hidden), kv))
         return self.inner.draft(context, g)
 
@@ -108,10 +107,10 @@ def test_drafter_sees_only_settled_tokens(engine, prompt, reference):
     engine.generate(prompt, max_tokens=120, drafter=recording, draft_tokens=4, report=False)
     assert len(recording.seen) > 30
     for tokens, hidden, kv in recording.seen[::5]:
-        cache = engine.target.make_cache()
+        cache = fresh_cache(engine.target)
         fresh_hidden = engine.target.hidden(mx.array([tokens[:-1]]), cache)[:, -1:]
         assert np.abs(hidden - np.array(fresh_hidden)).max() <= 1e-4
-        for kind, (keys, values) in engine.target.drafter_kv(cache).items():
+        for kind, (keys, values) in exact_kv(engine.target, cache).items():
             assert kv[kind][0].shape == keys.shape
             assert np.abs(kv[kind][0] - np.array(keys)).max() <= 1e-4
             assert np.abs(kv[kind][1] - np.array(values)).max() <= 1e-4
@@ -123,7 +122,7 @@ def test_stop_token_inside_a_kept_run(engine, prompt, reference):
     # positions 7c + 6 are the target's bonus tokens, not guesses.
     first = next(i for i in range(20, LONG) if output.index(output[i]) == i and i % 7 != 6)
     stop = output[first]
-    stopping = Engine(engine.target, engine.assistant, engine.tokenizer, stop_tokens=[stop])
+    stopping = engine.with_stop_tokens([stop])
     drafter = ScriptedDrafter(reference, tiny.VOCAB)
     decoder = stopping.decoder(drafter=drafter, draft_tokens=6)
     state = SequenceState(engine.target)
@@ -350,7 +349,7 @@ def test_a_failed_launch_leaves_the_state_usable(engine, prompt, reference, monk
 def assert_caches_match_a_fresh_pass(target, state):
     """Every position a query or the drafter can still read holds what a fresh pass over the
     settled tokens writes there: no rejected guess, no cycle dropped unsynced, left behind."""
-    fresh = target.make_cache()
+    fresh = fresh_cache(target)
     prefill(target, mx.array([state.tokens[:-1]]), fresh)
     for ours, theirs in zip(state.cache, fresh):
         assert ours.offset == theirs.offset == len(state.tokens) - 1
@@ -430,7 +429,7 @@ def test_the_host_clock_by_kind_covers_every_cycle(engine, prompt, reference, mo
     """The statistics split the loop's host time into building, launching and waiting, and
     each second of it is some cycle's own (what the adaptive length weighs): the cycles' times,
     a cycle built ahead and dropped at the end included, add up to exactly the three."""
-    from mlx_spec.pipeline import Pipeline
+    from mlx_spec.decoding.pipeline import Pipeline
 
     cycles, first, advance = [], Pipeline.first, Pipeline.advance
 

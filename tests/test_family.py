@@ -16,9 +16,9 @@ import torch
 import tiny
 from mlx_spec import load
 from mlx_spec.engine import Engine
-from mlx_spec.loading import load_drafter, load_target
-from mlx_spec.gemma4 import FULL, SLIDING
-from mlx_spec.target import prefill
+from mlx_spec.models import load_drafter, load_target
+from mlx_spec.models.gemma4.facts import FULL, SLIDING
+from kv import exact_kv, fresh_cache, prefill, step_kv
 
 VARIANTS = ["e4b", "26b-a4b", "31b", "12b", "12b-kv-shared"]
 # float32 over wider layers than test_parity's; a wrong formula is off by 1e-2 or more.
@@ -76,7 +76,7 @@ def test_target_matches_transformers_prefill_and_decode(family, variant):
     with torch.no_grad():
         out = reference(folder)(torch.tensor(ids), output_hidden_states=True)
     target, _ = load_target(str(folder))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     logits, hidden = [], []
     chunks = [(0, 7), (7, 30), (30, PROMPT_LEN)] + [(i, i + 1) for i in range(PROMPT_LEN, PROMPT_LEN + DECODE_LEN)]
     for lo, hi in chunks:
@@ -101,11 +101,11 @@ def test_drafter_reads_the_kv_transformers_gives_it(family, variant):
     ids = random_ids(3 * tiny.WINDOW + 2, seed=7)
     _, ref_hidden, ref_kv = reference_state(folder, ids)
     target, _ = load_target(str(folder))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     hidden = prefill(target, mx.array(ids), cache, chunk=tiny.WINDOW - 3)
     assert np.abs(np.array(hidden) - ref_hidden.numpy()).max() <= TOL
     span = {SLIDING: tiny.WINDOW + 1, FULL: ids.shape[1]}
-    for kind, (keys, values) in target.drafter_kv(cache).items():
+    for kind, (keys, values) in exact_kv(target, cache).items():
         ref_keys, ref_values = (x.numpy()[..., -span[kind] :, :] for x in ref_kv[kind])
         assert keys.shape == ref_keys.shape
         assert np.abs(np.array(keys) - ref_keys).max() <= TOL
@@ -131,7 +131,8 @@ def test_drafter_matches_transformers_over_several_steps(family, variant):
                 position_ids=torch.tensor([[position]]),
                 shared_kv_states=ref_kv,
             )
-        h, next_hidden = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), kv, position)
+        h, next_hidden = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), step_kv(drafter, kv),
+                                      position)
         ref_logits = r.logits.numpy()[0, 0]
         full = np.array(drafter.full_logits(h))[0, 0]
         kept = ref_logits > ref_logits.min()  # the centroid head's candidates (all ids without it)
@@ -146,7 +147,7 @@ def test_drafter_matches_transformers_over_several_steps(family, variant):
 
 def family_engine(folders):
     loaded = load(str(folders["target"]), str(folders["assistant"]))
-    return Engine(loaded.target, loaded.assistant, None, stop_tokens=[])
+    return Engine.of(loaded.target, loaded.assistant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -202,10 +203,11 @@ def test_assistant_with_a_shorter_window_than_its_target(checkpoints, tmp_path):
             shared_kv_states=ref_kv,  # every position: the mask alone limits the window
         )
     target, _ = load_target(str(checkpoints["text"]))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     prefill(target, mx.array(ids[:, :-1]), cache)
     drafter, _ = load_drafter(str(folder))
-    h, _ = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()), target.drafter_kv(cache), position)
+    h, _ = drafter.step(mx.array(embedding.numpy()), mx.array(ref_hidden.numpy()),
+                        step_kv(drafter, exact_kv(target, cache)), position)
     assert np.abs(np.array(drafter.full_logits(h))[0, 0] - r.logits.numpy()[0, 0]).max() <= TOL
 
     engine = family_engine({"target": checkpoints["text"], "assistant": folder})
@@ -224,7 +226,7 @@ def test_google_layout_loads_to_the_same_model(family, variant, tmp_path):
     ids = mx.array(random_ids(2 * tiny.WINDOW, seed=9))
     a, _ = load_target(str(family(variant)["target"]))
     b, _ = load_target(str(google))
-    assert np.array_equal(np.array(a(ids, a.make_cache())[0]), np.array(b(ids, b.make_cache())[0]))
+    assert np.array_equal(np.array(a(ids, fresh_cache(a))[0]), np.array(b(ids, fresh_cache(b))[0]))
 
 
 @pytest.mark.parametrize("variant", ["12b", "12b-kv-shared"])
@@ -243,7 +245,7 @@ def test_12b_google_layout_matches_transformers_multimodal_model_on_text(family,
     with torch.no_grad():
         expected = reference_model(input_ids=torch.tensor(ids)).logits.numpy()[0]
     target, _ = load_target(str(google))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     logits = [np.array(target(mx.array(ids[:, lo:hi]), cache)[0])[0]
               for lo, hi in [(0, 9), (9, 2 * tiny.WINDOW)] + [(i, i + 1) for i in range(2 * tiny.WINDOW, ids.shape[1])]]
     assert np.abs(np.concatenate(logits) - expected).max() <= TOL
@@ -257,7 +259,7 @@ def test_12b_sampled_tokens_follow_the_target_s_distribution(family, variant):
     from test_sampling import ALPHA, SETTINGS, chi_square_p, exact_first_two, first_tokens
 
     from mlx_spec.drafting import MTPDrafter
-    from mlx_spec.sampling import SamplingSettings
+    from mlx_spec.sampling.settings import SamplingSettings
 
     engine = family_engine(family(variant))
     prompt = random_ids(3 * tiny.WINDOW, seed=1)[0].tolist()

@@ -11,8 +11,9 @@ from mlx.utils import tree_flatten
 
 import tiny
 from mlx_spec import LoadError, load
-from mlx_spec.loading import load_drafter, load_target, resolve
-from mlx_spec.target import prefill
+from mlx_spec.models import load_drafter, load_target
+from mlx_spec.models.checkpoint import resolve
+from kv import exact_kv, fresh_cache, prefill, step_kv
 
 
 def copy_of(folder, tmp_path, name="copy"):
@@ -172,11 +173,11 @@ def test_invalid_drafter_bits(checkpoints):
 
 
 def _draft_tokens(target, drafter, ids, steps=6):
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     hidden = prefill(target, mx.array(ids[:, :-1]), cache)
-    kv, token, out = target.drafter_kv(cache), mx.array(ids[:, -1:]), []
+    kv, token, out = exact_kv(target, cache), mx.array(ids[:, -1:]), []
     for _ in range(steps):
-        h, hidden = drafter.step(target.embed(token), hidden, kv, ids.shape[1] - 1)
+        h, hidden = drafter.step(target.embed(token), hidden, step_kv(drafter, kv), ids.shape[1] - 1)
         token = drafter.greedy_token(h)
         out.append(token.item())
     return out
@@ -231,7 +232,7 @@ def test_config_that_is_not_an_object(checkpoints, tmp_path):
 
 
 def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monkeypatch):
-    from mlx_spec.family import FAMILY
+    from mlx_spec.models.gemma4.sizes import SIZES as FAMILY
     from mlx_spec.loading import AUTO, resolve_names
 
     assert resolve_names("e4b", AUTO) == ("mlx-community/gemma-4-e4b-it-4bit", "mlx-community/gemma-4-E4B-it-assistant-bf16")
@@ -252,8 +253,9 @@ def test_sizes_by_name_pick_the_4bit_conversion_and_its_assistant(tmp_path, monk
 def test_auto_drafter_of_a_folder_follows_its_config(name):
     """A target folder (a conversion or fine-tune) gets the assistant of the size it has the
     structure of, read from its config, whatever the folder is called."""
-    from mlx_spec.family import FAMILY
-    from mlx_spec.loading import Checkpoint, drafter_for
+    from mlx_spec.models.gemma4.sizes import SIZES as FAMILY
+    from mlx_spec.models.checkpoint import Checkpoint
+    from mlx_spec.models.gemma4.loader import drafter_for
 
     text = {k: v for k, v in FAMILY[name].text.items() if k != "num_kv_shared_layers" or v}  # 0 may be left out
     wrapper = "gemma4_unified" if name == "12b" else "gemma4"
@@ -262,6 +264,8 @@ def test_auto_drafter_of_a_folder_follows_its_config(name):
 
 
 def test_auto_drafter_of_an_unknown_structure_is_e2b_s(checkpoints):
-    from mlx_spec.loading import DEFAULT_DRAFTER, drafter_for, read_checkpoint
+    from mlx_spec.loading import DEFAULT_DRAFTER
+    from mlx_spec.models.gemma4.loader import drafter_for
+    from mlx_spec.models.checkpoint import read_checkpoint
 
     assert drafter_for(read_checkpoint(checkpoints["text"], "target")) == DEFAULT_DRAFTER

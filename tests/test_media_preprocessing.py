@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mlx_spec.media import MediaError, audio_features, audio_tokens, image_patches, read_image, read_wav
+from mlx_spec.errors import MediaError
+from mlx_spec.media import audio_features, audio_tokens, image_patches, read_image, read_wav
 from mlx_spec.media.images import patchify, resized_pixels
 
 # (width, height): square, wide, tall, tiny, larger than the budget, thin enough for the edge rule.

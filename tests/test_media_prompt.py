@@ -23,14 +23,16 @@ import torch
 import tiny
 from test_media_preprocessing import flac_bytes
 from mlx_spec import load
-from mlx_spec.decoder import SequenceState
-from mlx_spec.media import MediaError
+from mlx_spec.decoding.sequence import SequenceState
+from mlx_spec.errors import MediaError
 from mlx_spec.media.items import MediaSpan
-from mlx_spec.media.prefill import hidden_with_media
-from mlx_spec.prompt_cache import PromptCache
-from mlx_spec.sampling import SamplingSettings, distribution
+from mlx_spec.models.gemma4.media_prefill import hidden_with_media
+from mlx_spec.decoding.prompt_cache import PromptCache
+from mlx_spec.sampling.settings import SamplingSettings
+from mlx_spec.sampling.distribution import distribution
 from scripted import ScriptedDrafter
 from test_sampling import ALPHA, chi_square_p, fork
+from kv import fresh_cache
 
 IMAGE_TOKENS = 70  # with 4-pixel patches merged 2 x 2: about 64 soft tokens, five windows of 12
 TOKEN = dict(image=tiny.MEDIA_IDS["<|image|>"], audio=tiny.MEDIA_IDS["<|audio|>"])
@@ -107,7 +109,7 @@ def gemma4_masks(model, ids, mm_token_type_ids):
 
 
 def our_prompt_logits(engine, tokens, spans):
-    cache = engine.target.make_cache()
+    cache = fresh_cache(engine.target)
     return np.array(engine.target.logits(hidden_with_media(engine.target, mx.array([tokens]), cache, spans, 0))[0])
 
 
@@ -225,7 +227,7 @@ def test_a_second_turn_reuses_the_image(engine):
     again (the caches hold everything up to the end of the first prompt), and its answer is a
     fresh run's over the whole conversation."""
     calls = []
-    encoder = engine.media_encoder()
+    encoder = engine.media.encoder()
     embed = encoder.embed
     encoder.embed = lambda item: calls.append(item.digest) or embed(item)
     try:

@@ -14,7 +14,7 @@ import torch
 import test_audio_tower
 import tiny
 from mlx_spec import load
-from mlx_spec.media import MediaError
+from mlx_spec.errors import MediaError
 from test_media_prompt import IMAGE, IMAGE_TOKENS, assert_greedy_is_the_targets, gemma4_masks, messages, our_prompt_logits, picture
 
 # IMAGE_TOKENS 70, with 4-pixel patches pooled 3 x 3: a 40 x 56 picture is 63 soft tokens, five windows of 12
@@ -65,7 +65,7 @@ CASES = {"one image": [IMAGE], "two images": [IMAGE, SECOND], "audio": [SPEECH],
 
 
 def needs_audio(engine, media):
-    if any(m["type"] == "audio" for m in media) and not engine.media_encoder().can["audio"]:
+    if any(m["type"] == "audio" for m in media) and not engine.media.encoder().can["audio"]:
         pytest.skip("this size has no audio tower (audio_config is null, as google ships the 31B)")
 
 
@@ -103,7 +103,7 @@ def test_greedy_with_media_is_the_targets_past_the_window(engine, reference, cas
 
 
 def test_a_size_without_an_audio_tower_refuses_audio_clearly(engine):
-    if engine.media_encoder().can["audio"]:
+    if engine.media.encoder().can["audio"]:
         pytest.skip("this size has an audio tower (E2B)")
     with pytest.raises(MediaError, match="has no audio encoder .*cannot take audio input"):
         engine.prepare(messages(SPEECH))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tiny
-from mlx_spec.media import MediaError
+from mlx_spec.errors import MediaError
 from mlx_spec.media.unified import load_unified_embedders
 
 TOL = 1e-4  # float32

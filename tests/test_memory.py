@@ -7,9 +7,9 @@ import pytest
 
 import tiny
 from mlx_spec import LoadError, load, memory
-from mlx_spec.family import FAMILY
-from mlx_spec.loading import load_target
-from mlx_spec.target import prefill
+from mlx_spec.models.gemma4.sizes import SIZES as FAMILY
+from mlx_spec.models import load_target
+from kv import fresh_cache, prefill
 
 
 def folder_bytes(folder):
@@ -21,7 +21,7 @@ def test_estimate_is_the_files_plus_the_kv_cache(checkpoints):
     estimate = memory.estimate(target, assistant, context=1024)
     assert estimate.weights == folder_bytes(checkpoints["text"]) + folder_bytes(checkpoints["assistant"])
     assert memory.estimate(target, None, context=1024).weights == folder_bytes(checkpoints["text"])
-    assert estimate.kv_cache == memory.kv_cache_bytes(memory._text_config(checkpoints["text"] / "config.json"), 1024)
+    assert estimate.kv_cache == memory.kv_cache_bytes(memory.read_config(checkpoints["text"] / "config.json"), 1024)
 
 
 @pytest.mark.parametrize("variant", ["e2b", "26b-a4b", "12b"])
@@ -31,11 +31,11 @@ def test_kv_estimate_covers_the_real_cache(family, variant):
     folder = family(variant)["target"]
     target, _ = load_target(str(folder))
     context = 1024
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     prefill(target, mx.array(np.random.RandomState(0).randint(0, tiny.VOCAB, size=(1, context))), cache)
     mx.eval([c.keys for c in cache])
     actual = sum(c.nbytes for c in cache)
-    estimate = memory.kv_cache_bytes(memory._text_config(folder / "config.json"), context)
+    estimate = memory.kv_cache_bytes(memory.read_config(folder / "config.json"), context)
     assert actual <= estimate <= 1.5 * actual
 
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import mlx_spec.ngrams as ngrams
+import mlx_spec.drafting.ngrams as ngrams
 from mlx_spec import PromptCache
-from mlx_spec.ngrams import NgramIndex
+from mlx_spec.drafting.ngrams import NgramIndex
 
 
 def searched(tokens, g):

@@ -120,19 +120,19 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     import json
 
     from mlx_spec.generation import build_result
-    from mlx_spec.stats import Stats
-    from mlx_spec.reports import TokenReport
+    from mlx_spec.decoding.stats import Stats
+    from mlx_spec.decoding.reports import TokenReport
     from mlx_spec.server.generation import Done, Token
     from mlx_spec.server.responses import ChatFormat
 
     engine = load(str(checkpoints["text"]), drafter=None)
     text = '<|channel>thought\nHmm.<channel|>Let me check.<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [engine.tokenizer.convert_tokens_to_ids("<|tool_response>")]
-    steps = list(engine.with_text(TokenReport(t, drafted=i % 2 == 1, cycle=i, prob=0.9, rank=1, sampling_prob=1.0,
+    steps = list(engine.text.with_text(TokenReport(t, drafted=i % 2 == 1, cycle=i, prob=0.9, rank=1, sampling_prob=1.0,
                                               candidates=1) for i, t in enumerate(ids)))
     result = build_result(engine, steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
     form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=True)
-    tokens = [Token(s, engine.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
+    tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
     chunks = [form.first_chunk(), *filter(None, map(form.token_chunk, tokens)),
               *form.last_chunks(20, Done(result, result.finish_reason, result.text), include_usage=True)]
     sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tiny
-from mlx_spec.loading import load_drafter, load_target
-from mlx_spec.gemma4 import FULL, SLIDING
-from mlx_spec.target import prefill
+from mlx_spec.models import load_drafter, load_target
+from mlx_spec.models.gemma4.facts import FULL, SLIDING
+from kv import exact_kv, fresh_cache, prefill, step_kv
 
 TOL = 1e-4
 PROMPT_LEN = 5 * tiny.WINDOW  # several windows long
@@ -36,7 +36,7 @@ def test_target_matches_transformers_prefill_and_decode(checkpoints, layout):
     ref_hidden = out.hidden_states[-1].numpy()[0]  # post-final-norm, as the drafter reads it
 
     target, _ = load_target(str(checkpoints[layout]))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     # Prefill in uneven chunks so the sliding cache reallocates and wraps mid-chunk.
     logits, hidden = [], []
     for lo, hi in [(0, 7), (7, 30), (30, PROMPT_LEN)]:
@@ -56,8 +56,8 @@ def test_target_matches_transformers_prefill_and_decode(checkpoints, layout):
 def test_prefill_in_chunks_equals_one_pass(checkpoints):
     target, _ = load_target(str(checkpoints["text"]))
     ids = mx.array(random_ids(PROMPT_LEN, seed=3))
-    whole = target.hidden(ids, target.make_cache())[:, -1:]
-    chunked = prefill(target, ids, target.make_cache(), chunk=tiny.WINDOW - 5)
+    whole = target.hidden(ids, fresh_cache(target))[:, -1:]
+    chunked = prefill(target, ids, fresh_cache(target), chunk=tiny.WINDOW - 5)
     assert np.abs(np.array(whole) - np.array(chunked)).max() <= 1e-5
 
 
@@ -65,8 +65,8 @@ def test_both_layouts_load_to_the_same_model(checkpoints):
     ids = mx.array(random_ids(40, seed=5))
     a, _ = load_target(str(checkpoints["text"]))
     b, _ = load_target(str(checkpoints["google"]))
-    la, _ = a(ids, a.make_cache())
-    lb, _ = b(ids, b.make_cache())
+    la, _ = a(ids, fresh_cache(a))
+    lb, _ = b(ids, fresh_cache(b))
     assert np.array_equal(np.array(la), np.array(lb))
 
 
@@ -92,9 +92,9 @@ def test_drafter_reads_the_kv_transformers_gives_it(checkpoints):
     ids = random_ids(4 * tiny.WINDOW + 2, seed=7)
     _, ref_hidden, ref_kv = reference_target_state(checkpoints, ids)
     target, _ = load_target(str(checkpoints["text"]))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     hidden = prefill(target, mx.array(ids), cache, chunk=tiny.WINDOW - 3)
-    view = target.drafter_kv(cache)
+    view = exact_kv(target, cache)
     assert np.abs(np.array(hidden) - ref_hidden.numpy()).max() <= TOL
     span = {SLIDING: tiny.WINDOW + 1, FULL: ids.shape[1]}
     for kind, (keys, values) in view.items():
@@ -129,7 +129,7 @@ def test_drafter_matches_transformers_over_several_steps(checkpoints, ordered):
                 shared_kv_states=ref_kv,
             )
         h, next_hidden = drafter.step(
-            mx.array(embedding.detach().numpy()), mx.array(ref_hidden.numpy()), kv, position
+            mx.array(embedding.detach().numpy()), mx.array(ref_hidden.numpy()), step_kv(drafter, kv), position
         )
         ref_logits = r.logits.numpy()[0, 0]
         if ordered:
@@ -160,7 +160,7 @@ def test_plain_greedy_equals_transformers_generate(checkpoints):
         )[0, ids.shape[1] :].tolist()
 
     target, _ = load_target(str(checkpoints["text"]))
-    cache = target.make_cache()
+    cache = fresh_cache(target)
     hidden = prefill(target, mx.array(ids), cache)
     got = []
     for _ in range(steps):

@@ -13,8 +13,8 @@ from mlx.utils import tree_flatten
 
 import tiny
 from mlx_spec import LoadError, load
-from mlx_spec.engine import Engine
-from mlx_spec.loading import load_drafter, load_target
+from mlx_spec.models import load_drafter, load_target
+from kv import fresh_cache
 
 MODES = {
     "affine-4": {"mode": "affine", "bits": 4, "group_size": 64},
@@ -89,7 +89,7 @@ def test_every_mode_loads_and_mtp_on_equals_off(converted, name):
     assert quantized_modes(loaded.target.model) == expected
     if "eight_bit" in spec:
         assert loaded.assistant.model.embed_tokens.bits == 8 and loaded.assistant.pre_projection.bits == 4
-    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    engine = loaded.with_stop_tokens([])
     prompt = np.random.RandomState(5).randint(0, tiny.VOCAB, size=2 * tiny.WINDOW).tolist()
     off = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, mtp=False)
     on = engine.generate(prompt, max_tokens=4 * tiny.WINDOW, draft_tokens=4, lookup=False)
@@ -101,7 +101,7 @@ def test_every_mode_loads_and_mtp_on_equals_off(converted, name):
 def test_quantizing_the_drafter_at_load_in_each_mode(checkpoints, mode, bits):
     loaded = load(str(checkpoints["text"]), str(checkpoints["assistant"]), drafter_bits=bits, drafter_mode=mode)
     assert {m for m, _ in quantized_modes(loaded.assistant)} == {mode}
-    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    engine = loaded.with_stop_tokens([])
     prompt = list(range(5, 5 + 2 * tiny.WINDOW))
     off = engine.generate(prompt, max_tokens=3 * tiny.WINDOW, mtp=False)
     assert engine.generate(prompt, max_tokens=3 * tiny.WINDOW, draft_tokens=3, lookup=False).tokens == off.tokens
@@ -153,8 +153,8 @@ def test_the_12b_in_the_mlx_community_layout(family, tmp_path):
     loaded = load(str(folder), str(family("12b")["assistant"]))
     assert quantized_modes(loaded.target.model) == {("affine", 4)}
     ids = mx.array(np.random.RandomState(6).randint(0, tiny.VOCAB, size=(1, 2 * tiny.WINDOW)))
-    assert mx.array_equal(loaded.target(ids, loaded.target.make_cache())[0], target(ids, target.make_cache())[0])
-    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    assert mx.array_equal(loaded.target(ids, fresh_cache(loaded.target))[0], target(ids, fresh_cache(target))[0])
+    engine = loaded.with_stop_tokens([])
     prompt = ids[0].tolist()
     off = engine.generate(prompt, max_tokens=3 * tiny.WINDOW, mtp=False)
     on = engine.generate(prompt, max_tokens=3 * tiny.WINDOW, draft_tokens=4, lookup=False)

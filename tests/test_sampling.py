@@ -9,10 +9,13 @@ import pytest
 from scipy.stats import chi2
 
 import tiny
-from mlx_spec.decoder import SequenceState
+from mlx_spec.decoding.sequence import SequenceState
 from mlx_spec.drafting import MTPDrafter
-from mlx_spec.sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
+from mlx_spec.sampling.settings import SamplingSettings
+from mlx_spec.sampling.acceptance import accept_by_match, accept_by_ratio
+from mlx_spec.sampling.distribution import distribution
 from scripted import ScriptedDrafter
+from kv import fresh_cache
 
 ALPHA = 0.001  # reject "same distribution" below this p-value
 SETTINGS = [dict(temperature=0.7, top_k=40, top_p=0.9), dict(temperature=1.0, top_k=64, top_p=0.95)]
@@ -110,7 +113,7 @@ def test_named_presets():
 
 def verify_logits(engine, prompt, guesses):
     """The target's logits at the g + 1 verified positions (prompt's last token + guesses)."""
-    cache = engine.target.make_cache()
+    cache = fresh_cache(engine.target)
     tokens = mx.array([prompt + guesses])
     logits, _ = engine.target(tokens, cache)
     return logits[0, len(prompt) - 1 :]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import tiny
-from mlx_spec.prompt_cache import PromptCache
-from mlx_spec.gemma4 import TRIM_ALLOWANCE as MAX_TRIM
-from mlx_spec.sequence import MAX_MARKS, SequenceState
+from mlx_spec.decoding.prompt_cache import PromptCache
+from mlx_spec.decoding.limits import TRIM_ALLOWANCE as MAX_TRIM
+from mlx_spec.decoding.sequence import MAX_MARKS, SequenceState
 
 PROMPT = 3 * tiny.WINDOW
 ANSWER = 10 * tiny.WINDOW  # longer than the sliding caches can trim back (MAX_TRIM)
@@ -186,14 +186,14 @@ def test_a_conversation_sharing_only_a_system_prompt_leaves_the_others_intact(en
 
 def test_a_prompt_the_target_fails_on_leaves_an_empty_state(engine, tokens, monkeypatch):
     """Half-written caches are never kept: the state is emptied, and the next prompt is exact."""
-    import mlx_spec.sequence as sequence_module
-
     state = conversation(engine, tokens)
+    real = engine.target.prefill
 
-    def failing(*args, **kwargs):
+    def failing(tokens, cache, *args, **kwargs):
+        real(tokens[:, : tokens.shape[1] // 2], cache, *args, **kwargs)  # half written, then the failure
         raise RuntimeError("the device failed")
 
-    monkeypatch.setattr(sequence_module, "prefill", failing)
+    monkeypatch.setattr(engine.target, "prefill", failing)
     with pytest.raises(RuntimeError, match="the device failed"):
         start(engine, state, list(state.tokens) + tokens[300:340])
     assert state.tokens == [] and state.cached == 0
@@ -204,7 +204,7 @@ def test_a_prompt_the_target_fails_on_leaves_an_empty_state(engine, tokens, monk
 
 
 def test_a_prompt_too_long_changes_nothing(engine, tokens):
-    from mlx_spec.sampling import SettingsError
+    from mlx_spec.errors import SettingsError
 
     state = conversation(engine, tokens)
     held, cached = list(state.tokens), state.cached

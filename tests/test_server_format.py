@@ -7,9 +7,9 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from mlx_spec import load
-from mlx_spec.chat_format import ANSWER, THOUGHT
-from mlx_spec.stats import Stats
-from mlx_spec.reports import TokenReport
+from mlx_spec.models.protocol import ANSWER, THOUGHT
+from mlx_spec.decoding.stats import Stats
+from mlx_spec.decoding.reports import TokenReport
 from mlx_spec.generation import StopStrings, build_result
 from mlx_spec.server.generation import Done, Token
 from mlx_spec.server.responses import ChatFormat
@@ -26,8 +26,8 @@ def engine(checkpoints):
 def generated(engine, text, end):
     """Reports for the tokens of `text` and a stop token, as the engine streams them."""
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [end]
-    steps = list(engine.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
-    tokens = [Token(s, engine.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
+    steps = list(engine.text.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
+    tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
     return steps, tokens
 
 

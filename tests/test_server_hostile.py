@@ -129,7 +129,7 @@ def test_the_length_bound_never_refuses_a_prompt_that_fits(checkpoints):
     from mlx_spec import load
 
     engine = load(str(checkpoints["text"]), drafter=None)
-    longest = engine.longest_token_chars
+    longest = engine.text.longest_token_chars
     assert longest >= 1
 
     @settings(max_examples=300, deadline=None)
@@ -171,7 +171,7 @@ def test_the_model_answers_to_its_served_names(server, client, checkpoints):
 
 
 def test_the_family_short_name_is_accepted_for_its_size():
-    from mlx_spec.family import FAMILY
+    from mlx_spec.models.gemma4.sizes import SIZES as FAMILY
     from mlx_spec.server.names import ModelNames
 
     names = ModelNames("mlx-community/gemma-4-e2b-it-4bit")
@@ -181,11 +181,13 @@ def test_the_family_short_name_is_accepted_for_its_size():
         def __init__(self, text):
             self.__dict__.update(text)
 
-    class Engine:
-        class target:
-            args = Args(FAMILY["e4b"].text)
+    from types import SimpleNamespace
 
-    names = ModelNames("/models/my-e4b-finetune", ["mine"], Engine)
+    from mlx_spec.models import GEMMA4
+
+    target = SimpleNamespace(args=Args(FAMILY["e4b"].text))
+    engine = SimpleNamespace(pair=SimpleNamespace(size_name=GEMMA4.size_of(target)))
+    names = ModelNames("/models/my-e4b-finetune", ["mine"], engine)
     assert names.id == "mine" and "e4b" in names and "my-e4b-finetune" in names and "e2b" not in names
 
 

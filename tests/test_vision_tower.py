@@ -12,7 +12,7 @@ import torch
 from mlx.utils import tree_flatten
 from safetensors.torch import save_file
 
-from mlx_spec.media import MediaError
+from mlx_spec.errors import MediaError
 from mlx_spec.media.images import image_patches
 from mlx_spec.media.towers import TowerMedia
 

@@ -12,11 +12,20 @@ wall time (1.0: the device never waited for the host).
     mlx-spec bench acceptance --random-weights --shape small   # runs anywhere; acceptance ~0
 """
 
-from .common import arguments, header, machine, markdown, parse, Progress, write_json
+from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
 from .peers import open_peer
-from .runs import (SAMPLING, TEMPLATE, agreement, first_difference, loop_efficiency, run_mlx_lm, run_ours, warm_up,
-                  workloads)
+from .runs import (
+    SAMPLING,
+    TEMPLATE,
+    agreement,
+    first_difference,
+    loop_efficiency,
+    run_mlx_lm,
+    run_ours,
+    warm_up,
+    workloads,
+)
 
 # The seed's table: transformers on an Apple M5 (docs/design.md, section 6).
 SEED = {

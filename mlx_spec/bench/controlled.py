@@ -17,9 +17,18 @@ the round takes its fastest run (see `fastest_of`).
 
 import statistics
 
-from .common import arguments, header, machine, markdown, parse, Progress, write_json
-from .models import build_engine, describe_models, Engine
-from .runs import SAMPLING, ControlledDrafter, cost_ratios, device_ms, expected_tokens, run_mlx_lm, run_ours, warm_up
+from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .models import build_engine, describe_models
+from .runs import (
+    SAMPLING,
+    ControlledDrafter,
+    cost_ratios,
+    device_ms,
+    expected_tokens,
+    run_mlx_lm,
+    run_ours,
+    warm_up,
+)
 
 ACCEPTANCE = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
 
@@ -38,7 +47,7 @@ def main(argv=None):
     loaded = build_engine(args)
     # The reference continuation runs the full length: stop tokens would end it (and every
     # controlled run with it) wherever the model writes one.
-    engine = Engine(loaded.target, loaded.assistant, loaded.tokenizer, stop_tokens=[])
+    engine = loaded.with_stop_tokens([])
     if engine.mtp_drafter is None:
         raise SystemExit("controlled acceptance runs the real drafter: give --drafter or --random-weights")
     info = machine()

@@ -7,9 +7,17 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the
     mlx-spec bench draft-length --random-weights --shape small
 """
 
-from .common import arguments, header, machine, markdown, parse, Progress, write_json
+from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
-from .runs import SAMPLING, TEMPLATE, cost_ratios, loop_efficiency, run_ours, warm_up, workloads
+from .runs import (
+    SAMPLING,
+    TEMPLATE,
+    cost_ratios,
+    loop_efficiency,
+    run_ours,
+    warm_up,
+    workloads,
+)
 
 
 def main(argv=None):

@@ -6,7 +6,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..loading import LoadError, resolve, weight_files
+from ..errors import LoadError
+from ..models.checkpoint import resolve, weight_files
 
 
 def fingerprint(target: str, drafter: Optional[str]) -> Dict[str, List[dict]]:

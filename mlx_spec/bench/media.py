@@ -11,7 +11,7 @@ as the anchor.
 import mlx.core as mx
 import numpy as np
 
-from ..sampling import SettingsError
+from ..errors import SettingsError
 from .common import arguments, header, machine, markdown, median_ms, parse, write_json
 from .models import build_engine, describe_models
 from .runs import SAMPLING, TEMPLATE, run_mlx_lm, run_ours
@@ -58,7 +58,7 @@ def main(argv=None):
         print(f"JSON: {write_json('media', args, results)}")
         return
     text_only = engine.encode([{"role": "user", "content": QUESTION}], thinking=False)
-    encoder = engine.media_encoder()
+    encoder = engine.media.encoder()
     encoder_ms = median_ms(lambda: mx.eval(encoder.embed(spans[0].item)), args.repeats)
     rows = []
     for sampling in ("greedy", "gemma"):

@@ -7,10 +7,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
-from ..assistant import Assistant, AssistantConfig
-from ..engine import Engine, load
-from ..family import FAMILY
-from ..target import Target
+from ..engine import Engine
+from ..loading import load
+from ..models.gemma4.assistant import Assistant, AssistantConfig
+from ..models.gemma4.sizes import SIZES
+from ..models.gemma4.target import Target
 
 ROPE = {
     "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
@@ -42,8 +43,8 @@ SMALL_ASSISTANT = dict(
 
 def family_shape(name: str):
     """(target shape, drafter shape, centroid head?) of a Gemma 4 size from its published configs
-    (mlx_spec/family.py)."""
-    size = FAMILY[name]
+    (models/gemma4/sizes.py)."""
+    size = SIZES[name]
     drafter = dict(size.assistant)
     ordered = drafter.pop("use_ordered_embeddings")
     drafter.pop("backbone_hidden_size")
@@ -67,7 +68,7 @@ def build_engine(args) -> Engine:
     bits = None if args.shape == "small" else 4  # MLX's CPU matmul is fastest unquantized
     target = random_target(target_shape, bits)
     drafter = random_drafter(drafter_shape, target_shape["hidden_size"], ordered=ordered)
-    return Engine(target, drafter, tokenizer=None, stop_tokens=[])
+    return Engine.of(target, drafter)
 
 
 def random_target(shape: dict, bits=None, group_size: int = 64) -> Target:

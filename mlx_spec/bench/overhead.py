@@ -25,16 +25,20 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..decoding.cycle import CycleBuilder, Start
+from ..decoding.reports import report_arrays
+from ..decoding.sequence import SequenceState
+from ..decoding.verify import Verifier
+from ..drafting import DraftContext, MTPDrafter
+from ..models.cache import trim_cache
+from ..models.gemma4.assistant import Assistant, AssistantConfig
+from ..models.gemma4.target import Target
+from ..sampling.acceptance import accept_by_match
+from ..sampling.distribution import distribution
+from ..sampling.settings import SamplingSettings
+from ..sampling.uniforms import uniform_streams
 from .common import arguments, header, machine, markdown, parse, write_json
 from .models import E2B, E2B_ASSISTANT
-from ..assistant import Assistant, AssistantConfig
-from ..cycle import CycleBuilder, Start
-from ..drafting import DraftContext, MTPDrafter
-from ..reports import report_arrays
-from ..sampling import SamplingSettings, accept_by_match, distribution, uniform_streams
-from ..sequence import SequenceState
-from ..target import Target, trim_cache
-from ..verify import Verifier
 
 # The E2B structure (35 layers, its sharing and layer types) at widths small enough to evaluate:
 # the number of graph nodes depends on the structure, not on the widths.
@@ -123,11 +127,11 @@ def node_counts(g: int) -> dict:
     dist = distribution(logits[0], settings)
     kept, tokens = accept_by_match(dist, guesses, uniforms)
     plain_tail = nodes(kept, tokens, *report_arrays(logits[0], dist, tokens).values())
-    kept, tokens, reports = Verifier(settings, True).by_match(logits[0], guesses, uniforms)
+    kept, tokens, reports = Verifier(settings, True, target.traces).by_match(logits[0], guesses, uniforms)
     counts.update({"sampling + acceptance + reports, plain": plain_tail,
                    "sampling + acceptance + reports, compiled": nodes(kept, tokens, *reports.values())})
     trim_cache(state.cache, g + 1)
-    kv = target.drafter_kv(state.cache)
+    kv = assistant.kv_inputs(target.drafter_buffers(state.cache))
     h, nxt = assistant.step(target.embed(mx.array([[1]])), state.hidden, kv, mx.array(64))
     drafter = MTPDrafter(assistant, target)
     context = DraftContext(state.tokens, mx.array([[1]]), state.hidden, target.drafter_buffers(state.cache),

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from ..sampling import SamplingSettings
+from ..sampling.settings import SamplingSettings
 from .runs import rate
 
 MISSING = 'mlx-vlm is not installed: pip install "mlx-spec[peers]" measures its MTP beside ours'

@@ -10,12 +10,22 @@ position, at several context lengths; and what g drafter steps cost (C_g).
 
 import mlx.core as mx
 
-from .common import arguments, chip_bandwidth, header, machine, markdown, median_ms, parse, Progress, write_json
-from .models import build_engine, describe_models, weight_bytes_per_pass
-from ..decoder import SequenceState
+from ..decoding.sequence import SequenceState
 from ..drafting import DraftContext
-from ..sampling import SamplingSettings
-from ..target import trim_cache
+from ..models.cache import trim_cache
+from ..sampling.settings import SamplingSettings
+from .common import (
+    Progress,
+    arguments,
+    chip_bandwidth,
+    header,
+    machine,
+    markdown,
+    median_ms,
+    parse,
+    write_json,
+)
+from .models import build_engine, describe_models, weight_bytes_per_pass
 
 POSITIONS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
 SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (docs/design.md, section 5)

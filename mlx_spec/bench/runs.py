@@ -17,11 +17,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..decoder import SequenceState
+from ..decoding.sequence import SequenceState
 from ..drafting import Draft, DraftContext, Drafter
-from ..pieces import run_through
-from ..sampling import SamplingSettings
-from ..target import trim_cache
+from ..drafting.pieces import run_through
+from ..models.cache import trim_cache
+from ..sampling.settings import SamplingSettings
 
 WORKLOADS = Path(__file__).parent / "workloads.json"
 SAMPLING = {"greedy": SamplingSettings.named("greedy"), "gemma": SamplingSettings.named("gemma")}
@@ -67,7 +67,7 @@ def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, d
     decoder.add_tokens(state, prompt, spans)
     stream = decoder.generate(state, max_tokens)
     if engine.tokenizer is not None:
-        stream = engine.with_text(stream)  # detokenize, as stream_generate does
+        stream = engine.text.with_text(stream)  # detokenize, as stream_generate does
     tokens, times, cycles = [], [], []
     for report_ in stream:
         tokens.append(report_.token)
@@ -203,9 +203,9 @@ def expected_tokens(acceptance: float, g: int) -> float:
 def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
     """The device time of one cycle measured alone: the cycle's graph is built first, then only
     its evaluation is timed (the caches are cut back after each)."""
+    from ..decoding.cycle import CycleBuilder, Start
+    from ..sampling.uniforms import uniform_streams
     from .common import median_ms
-    from ..cycle import CycleBuilder, Start
-    from ..sampling import uniform_streams
 
     state = SequenceState(engine.target)
     engine.decoder(mtp=False).add_tokens(state, prompt)

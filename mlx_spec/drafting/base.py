@@ -13,14 +13,15 @@ as deterministic, and guesses are kept while they match the target's own draw. B
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Union
 
 import mlx.core as mx
 
-from ..ngrams import NgramIndex
-from ..pieces import HostWork
-from ..sampling import SamplingSettings, SettingsError
-from ..target import SharedKV
+from ..errors import SettingsError
+from ..models.protocol import SharedKV
+from ..sampling.settings import SamplingSettings
+from .ngrams import NgramIndex
+from .pieces import HostWork
 
 
 @dataclass
@@ -39,11 +40,6 @@ class DraftContext:
     # The sequence's n-gram index (see ngrams.py), for drafters that copy; a fresh one for a
     # context made by hand.
     ngrams: NgramIndex = field(default_factory=NgramIndex)
-
-    @property
-    def shared_kv(self) -> Dict[str, Tuple[mx.array, mx.array]]:
-        """The K/V to read, sliced out of the buffers (see Target.drafter_kv)."""
-        return {kind: kv.view() for kind, kv in self.kv.items()}
 
     @property
     def position(self) -> int:

@@ -2,8 +2,8 @@
 
 from typing import List, Optional, Sequence
 
-from ..pieces import HostWork
 from .base import Draft, DraftContext, Drafter
+from .pieces import HostWork
 
 
 class Chain(Drafter):

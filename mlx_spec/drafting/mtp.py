@@ -1,21 +1,20 @@
-"""Gemma 4's MTP assistant as a drafter: g steps at a constant position, each a compiled
-function that reads the target's K/V (the assistant keeps no cache of its own)."""
+"""A multi-token-prediction assistant as a drafter: g steps at a constant position, each a
+compiled function that reads the target's K/V (the assistant keeps no cache of its own). Any
+family's draft model that follows models/protocol.py's `DraftModel` drafts through this."""
 
 from typing import Optional
 
 import mlx.core as mx
 
-from ..assistant import Assistant
-from ..gemma4 import FULL, SLIDING
-from ..pieces import HostWork, run_through
-from ..sampling import SamplingSettings, distribution
-from ..target import Target
-from ..traces import TraceCache
+from ..models.protocol import DraftModel, TargetModel
+from ..sampling.distribution import distribution
+from ..sampling.settings import SamplingSettings
 from .base import Draft, DraftContext, Drafter
+from .pieces import HostWork, run_through
 
 
 class MTPDrafter(Drafter):
-    """Gemma 4's MTP assistant: g steps at a constant position, reading the target's K/V.
+    """An MTP assistant (Gemma 4's, say): g steps at a constant position, reading the target's K/V.
 
     sample=False (default): argmax guesses, never building full-vocabulary logits.
     sample=True: at temperature > 0, guesses are drawn from the drafter's own distribution
@@ -26,11 +25,13 @@ class MTPDrafter(Drafter):
     drafts_ahead = True
     source = "mtp"
 
-    def __init__(self, assistant: Assistant, target: Target, sample: bool = False):
+    def __init__(self, assistant: DraftModel, target: TargetModel, sample: bool = False):
         self.assistant = assistant
         self.target = target
         self.sample = sample
-        self.traces = TraceCache()  # compiled draft steps, by sampling settings and K/V buffer shapes
+        # The compiled draft steps live with the target's other compiled functions (one owner),
+        # keyed by this drafter, the sampling settings and the K/V buffer shapes.
+        self.traces = target.traces
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         return run_through(self.draft_steps(context, g))
@@ -43,16 +44,15 @@ class MTPDrafter(Drafter):
         # runtime do (vLLM and mlx-vlm use one less).
         position = context.device_position
         # The K/V stay the same for every step of the round: their masks are built once.
-        sliding, full = context.kv[SLIDING].last(self.assistant.sliding_span), context.kv[FULL]
-        kv = (sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask())
-        step = self._step(context.settings if sampled else None, (sliding.keys.shape, full.keys.shape))
+        kv = self.assistant.kv_inputs(context.kv)
+        step = self._step(context.settings if sampled else None, tuple(a.shape for a in kv))
         guesses, qs = [], []
         for i in range(g):
             if sampled:
-                token, hidden, q = step(token, hidden, *kv, position, context.uniforms[i])
+                token, hidden, q = step(token, hidden, position, context.uniforms[i], *kv)
                 qs.append(q)
             else:
-                token, hidden = step(token, hidden, *kv, position)
+                token, hidden = step(token, hidden, position, *kv)
             guesses.append(token.reshape(1))
             yield
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
@@ -64,20 +64,19 @@ class MTPDrafter(Drafter):
         keep their shapes from cycle to cycle (whole cache buffers, masked), so it is traced
         again only when a cache grows its buffer (bounded: see traces.py)."""
         key = None if settings is None else settings.unseeded()
-        return self.traces.get((key, shapes), lambda: self._sampled_step(key) if key else self._argmax_step)
+        return self.traces.get(("draft", self, key, shapes), lambda: self._sampled_step(key) if key else self._argmax_step)
 
-    def _layers(self, token, hidden, ks, vs, ms, kf, vf, mf, position):
-        kv, masks = {SLIDING: (ks, vs), FULL: (kf, vf)}, {SLIDING: ms, FULL: mf}
-        return self.assistant.step(self.target.embed(token), hidden, kv, position, masks)
+    def _layers(self, token, hidden, position, kv):
+        return self.assistant.step(self.target.embed(token), hidden, kv, position)
 
-    def _argmax_step(self, token, hidden, *kv_and_position):
-        h, hidden = self._layers(token, hidden, *kv_and_position)
+    def _argmax_step(self, token, hidden, position, *kv):
+        h, hidden = self._layers(token, hidden, position, kv)
         # int32, as the first step's input token: one trace serves every step.
         return self.assistant.greedy_token(h).astype(mx.int32), hidden
 
     def _sampled_step(self, settings: SamplingSettings):
-        def step(token, hidden, ks, vs, ms, kf, vf, mf, position, uniforms):
-            h, hidden = self._layers(token, hidden, ks, vs, ms, kf, vf, mf, position)
+        def step(token, hidden, position, uniforms, *kv):
+            h, hidden = self._layers(token, hidden, position, kv)
             dist = distribution(self.assistant.full_logits(h)[0, 0], settings)
             token = dist.sample(uniforms).reshape(1, 1).astype(mx.int32)
             return token, hidden, dist.dense(self.assistant.vocab_size)

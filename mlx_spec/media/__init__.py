@@ -5,7 +5,8 @@ This is the first part of media support: the preprocessing, held equal to transf
 processors by the tests. The towers and the prompt path that use these arrays come next.
 """
 
-from .audio import AudioFeatures, MediaError, audio_features, audio_tokens, read_wav
+from ..errors import MediaError
+from .audio import AudioFeatures, audio_features, audio_tokens, read_wav
 from .images import ImagePatches, image_patches, read_image
 
 __all__ = ["AudioFeatures", "ImagePatches", "MediaError", "audio_features", "audio_tokens", "image_patches",

@@ -15,7 +15,7 @@ from typing import Union
 
 import numpy as np
 
-from ..sampling import SettingsError
+from ..errors import MediaError
 
 SAMPLE_RATE = 16_000
 MAX_SAMPLES = 480_000  # 30 s: the feature extractor's max_length, beyond which it truncates
@@ -29,8 +29,6 @@ MEL_FLOOR = 1e-3
 SUBSAMPLING = 2
 
 
-class MediaError(SettingsError):
-    """An image or audio input that cannot be used; the message says why."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..loading import LoadError
+from ..errors import AudioWeightsError
 from .layers import ClippableLinear, MultimodalEmbedder, RMSNorm
 
 TOWER, EMBEDDER = "model.audio_tower.", "model.embed_audio."
@@ -33,8 +33,6 @@ ACTIVATIONS = {"silu": nn.silu, "swish": nn.silu, "gelu": nn.gelu, "gelu_pytorch
 DEFAULT_NORM_EPS = 1e-6  # Gemma4RMSNorm's own default, which some of the tower's norms keep
 
 
-class AudioWeightsError(LoadError):
-    """The checkpoint's audio tower weights do not fit its audio config; the message names them."""
 
 
 @dataclass(frozen=True)

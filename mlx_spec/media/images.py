@@ -15,7 +15,7 @@ from typing import Any, Tuple, Union
 
 import numpy as np
 
-from .audio import MediaError
+from ..errors import MediaError
 from .resize import bicubic_antialiased
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)

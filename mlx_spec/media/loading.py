@@ -8,7 +8,7 @@ request).
 
 from pathlib import Path
 
-from .audio import MediaError
+from ..errors import MediaError
 from .items import AUDIO, IMAGE
 
 UNIFIED, TOWERS = "gemma4_unified", "gemma4"

@@ -15,7 +15,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .audio import MediaError
+from ..errors import MediaError
 from .items import AUDIO, IMAGE, MediaItem, MediaSpan
 
 Message = Dict[str, Any]

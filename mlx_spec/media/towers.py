@@ -9,17 +9,24 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
 from mlx.utils import tree_flatten
 
-from .audio import MAX_SAMPLES, MediaError, audio_features, audio_tokens, read_audio
-from .audio_tower import CLIP_BOUNDS, AudioConfig, Conformer, soft_tokens, to_module_layout
+from ..errors import MediaError
+from .audio import MAX_SAMPLES, audio_features, audio_tokens, read_audio
+from .audio_tower import (
+    CLIP_BOUNDS,
+    AudioConfig,
+    Conformer,
+    soft_tokens,
+    to_module_layout,
+)
 from .images import image_patches
 from .items import AUDIO, IMAGE, MediaItem
 from .layers import MultimodalEmbedder
 from .prompt import MediaTokens
 from .vision_tower import VisionTower, vision_config
 from .weights import load_media_module, read_media_weights
+
 
 class Towers(nn.Module):
     """The towers and their embedders into the text model's width, named as the checkpoint."""

@@ -17,10 +17,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .audio import MediaError, read_audio
-from .layers import MultimodalEmbedder
+from ..errors import MediaError
+from .audio import read_audio
 from .images import patchify, resized_pixels
 from .items import AUDIO, IMAGE, MediaItem
+from .layers import MultimodalEmbedder
 from .prompt import MediaTokens
 from .weights import load_media_module, read_media_weights
 

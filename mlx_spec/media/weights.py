@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .audio import MediaError
+from ..errors import MediaError
 
 
 def read_media_weights(path: Path, prefixes: Sequence[str]) -> Dict[str, mx.array]:

@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
 from .. import __version__
+from ..errors import SettingsError
 from ..options import Options
-from ..sampling import SettingsError
 from .body import described, invalid, parse
 from .generation import Done, Started, Token, generation, prompt_tokens
 from .media import screen_media

@@ -12,10 +12,11 @@ client may see, and `Done`.
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
-from ..generation import ContextError, Generation, tokens_to_generate
+from ..decoding.reports import TokenReport
+from ..errors import ContextError
+from ..generation import Generation, tokens_to_generate
 from ..media.items import Prepared
 from ..options import Options
-from ..reports import TokenReport
 from .schemas import APIError
 
 
@@ -45,7 +46,7 @@ def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[di
     takes seconds; this bound never refuses a prompt that fits."""
     text = engine.render(prompt, tools, options.thinking)
     if text is not None:
-        least = len(text) // (2 * engine.longest_token_chars)
+        least = len(text) // (2 * engine.text.longest_token_chars)
         if least >= engine.context_length:
             raise context_exceeded(ContextError(least, options.max_tokens, engine.context_length), at_least=True)
     prepared = engine.prepare(prompt, tools, options.thinking, options.image_tokens)
@@ -68,7 +69,7 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             raise context_exceeded(e) from None
         yield Started(prompt_tokens)  # the prompt went through: from here on, the request is answered
         for report in answer:
-            yield Token(report, engine.token_text(report.token), report.token in engine.stop_tokens)
+            yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
         yield Done(answer.result, answer.result.finish_reason, answer.text)
 
     return work

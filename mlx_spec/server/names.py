@@ -8,7 +8,7 @@ often configured with a short name, so the family's name for the served size (`e
 
 from typing import Dict, List, Optional, Sequence
 
-from ..family import by_target, for_config
+from ..models import FAMILIES
 
 
 class ModelNames:
@@ -16,8 +16,9 @@ class ModelNames:
         served = [n for n in dict.fromkeys(served) if n]
         self.id = served[0] if served else model_id
         self.listed: List[str] = served or [model_id]
-        size = by_target(model_id) or (for_config(vars(engine.target.args)) if engine is not None else None)
-        others = [model_id, model_id.rstrip("/").rsplit("/", 1)[-1], size.name if size else None]
+        size = FAMILIES.size(model_id)
+        size_name = size.name if size is not None else engine.pair.size_name if engine is not None else None
+        others = [model_id, model_id.rstrip("/").rsplit("/", 1)[-1], size_name]
         self.accepted: List[str] = list(dict.fromkeys([*self.listed, *(n for n in others if n)]))
 
     def __contains__(self, name: Optional[str]) -> bool:

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional
 
-from ..chat_format import ANSWER, THOUGHT
+from ..models.protocol import ANSWER, THOUGHT
 from .generation import Done, Token
 
 

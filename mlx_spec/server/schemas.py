@@ -9,7 +9,16 @@ modes, echo) is refused by name rather than silently dropped.
 import json
 from typing import Any, Dict, List, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options

@@ -14,7 +14,7 @@ import queue
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
-from ..prompt_cache import PromptCache
+from ..decoding.prompt_cache import PromptCache
 
 END = object()
 

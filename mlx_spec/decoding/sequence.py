@@ -28,11 +28,11 @@ from typing import Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
-from .cache import SlidingWindowCache
-from .gemma4 import TRIM_ALLOWANCE
-from .media.items import MediaSpan, outside_spans, shared_prefix, spans_before
-from .ngrams import NgramIndex
-from .target import Target, prefill, trim_cache
+from ..drafting.ngrams import NgramIndex
+from ..media.items import MediaSpan, outside_spans, shared_prefix, spans_before
+from ..models.cache import SlidingWindowCache, trim_cache
+from ..models.protocol import TargetModel
+from .limits import PREFILL_CHUNK, TRIM_ALLOWANCE
 
 MAX_MARKS = 4
 
@@ -58,7 +58,7 @@ class Mark:
 class SequenceState:
     """The target's caches, the settled tokens and the last hidden state of one sequence."""
 
-    def __init__(self, target: Target, max_trim: int = TRIM_ALLOWANCE):
+    def __init__(self, target: TargetModel, max_trim: int = TRIM_ALLOWANCE):
         self.target = target
         self.max_trim = max_trim
         self.clear()
@@ -72,7 +72,7 @@ class SequenceState:
         self.marks: List[Mark] = []
         self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
 
-    def add_prompt(self, tokens: List[int], chunk: int = 512, spans: Sequence[MediaSpan] = ()) -> int:
+    def add_prompt(self, tokens: List[int], chunk: int = PREFILL_CHUNK, spans: Sequence[MediaSpan] = ()) -> int:
         """Append prompt tokens: the last settled token and all the new ones but the last go
         through the target now (in chunks of `chunk`); returns how many went through. `spans`:
         the media of the whole prompt (positions from its start); those among the new tokens
@@ -86,7 +86,7 @@ class SequenceState:
         to_process = self.tokens[-1:] + list(tokens[:-1])
         if to_process:
             try:
-                hidden = prefill(self.target, mx.array([to_process]), self.cache, chunk, new_spans, self.cached)
+                hidden = self.target.prefill(mx.array([to_process]), self.cache, chunk, new_spans, self.cached)
                 mx.eval(hidden)
             except BaseException:
                 self.clear()

@@ -11,7 +11,7 @@ writes the caches' whole buffers, whose shapes change only when a cache grows th
   array (not a Python int baked into the trace);
 - attention reads the whole buffer through a mask of the slots each query may see: written,
   not in its future, and (sliding layers) within its window.
-The mask gives every query exactly the keys the plain pass gives it (`tests/test_compiled.py`).
+The mask gives every query exactly the keys the plain pass gives it (the tests check it).
 Prefill (long, variable lengths) stays plain.
 """
 
@@ -19,8 +19,8 @@ from typing import List, Optional, Tuple
 
 import mlx.core as mx
 
-from .cache import FullCache, SlidingWindowCache
-from .traces import TraceCache, shapes_of
+from ..cache import FullCache, SlidingWindowCache
+from ..traces import TraceCache, shapes_of
 
 MAX_POSITIONS = 32  # longer inputs (prefill chunks) take the plain pass
 
@@ -52,9 +52,9 @@ class _BufferCache:
 class CompiledPass:
     """`target(tokens, cache)` for short inputs, compiled; caches must be ours and not empty."""
 
-    def __init__(self, target):
+    def __init__(self, target, traces: TraceCache):
         self.target = target
-        self.traces = TraceCache()  # one per input shape: pass length and buffer sizes
+        self.traces = traces  # the target's: a trace per input shape (pass length and buffer sizes)
         self._weights_ready = False
 
     @staticmethod
@@ -94,7 +94,7 @@ class CompiledPass:
             # The weights enter the trace as constants: evaluated, or the trace would compute them.
             mx.eval(self.target.model.parameters())
             self._weights_ready = True
-        return self.traces.get(shapes_of([tokens, *buffers]), lambda: self._pass)
+        return self.traces.get(("pass", shapes_of([tokens, *buffers])), lambda: self._pass)
 
     def _pass(self, tokens, offset, starts, *buffers):
         caches = [_BufferCache(buffers[2 * i], buffers[2 * i + 1], offset, starts[i]) for i in range(len(buffers) // 2)]

@@ -15,20 +15,21 @@ from typing import Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 
+from ..drafting import Drafter, as_drafter
+from ..errors import SettingsError
+from ..media.items import MediaSpan
+from ..models.protocol import TargetModel
+from ..sampling.settings import SamplingSettings
+from ..sampling.uniforms import uniform_streams
 from .cycle import Cycle, CycleBuilder
-from .drafting import Drafter, as_drafter
-from .gemma4 import MAX_DRAFT_TOKENS
-from .media.items import MediaSpan
+from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS, PREFILL_CHUNK, check_draft_tokens
 from .pipeline import Outcome, Pipeline
 from .policy import AcceptanceStats, AdaptiveDraftLength, FixedDraftLength
 from .reports import TokenReport, build_reports
-from .sampling import SamplingSettings, SettingsError, uniform_streams
 from .sequence import SequenceState
 from .stats import Stats
-from .target import Target
 
-__all__ = ["Decoder", "SequenceState", "Stats", "MAX_DRAFT_TOKENS"]
-ADAPTIVE_MAX_G = 8  # the longest draft the adaptive choice considers
+__all__ = ["Decoder"]
 
 
 class _Pending:
@@ -47,17 +48,17 @@ class _Pending:
 class Decoder:
     def __init__(
         self,
-        target: Target,
+        target: TargetModel,
         settings: SamplingSettings,
         drafter: Optional[Drafter] = None,
         draft_tokens: Optional[int] = None,
         report: bool = True,
         stop_tokens: Sequence[int] = (),
-        prefill_chunk: int = 512,
+        prefill_chunk: int = PREFILL_CHUNK,
     ):
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
-        if drafter is not None and draft_tokens is not None and not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
-            raise SettingsError(f"draft tokens must be between 0 and {MAX_DRAFT_TOKENS}, got {draft_tokens}")
+        if drafter is not None:
+            check_draft_tokens(draft_tokens)
         if settings.top_k > target.vocab_size:
             raise SettingsError(f"top_k must be at most the vocabulary's {target.vocab_size} tokens (0 turns it off), "
                                 f"got {settings.top_k}")

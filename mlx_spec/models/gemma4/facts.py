@@ -1,21 +1,15 @@
 """Gemma 4's facts, in one place: attention types, which layers compute K/V, K/V heads per
-type, the text config as mlx-lm reads it, and how far a sliding-window cache must be trimmable.
+type, the text config as mlx-lm reads it, and the K/V cache a context needs.
 
-The loader, the memory check, the target, the family table and the sequence state all read them
-from here, so that a new size or variant changes one module.
+The loader, the memory check, the target and the size table all read them from here, so that a
+new size or variant changes one module. (How far a sliding cache must trim is the loop's to say:
+decoding/limits.py.)
 """
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
-
-# The most guesses a cycle may verify (the command line's --draft-tokens bound).
-MAX_DRAFT_TOKENS = 16
-# How many of its newest positions a sliding-window cache must be able to drop, at any offset.
-# While the loop hands over one settled cycle's tokens, the next cycle runs and the one after it
-# is queued, each up to g + 1 positions: a caller leaving then takes all three back.
-TRIM_ALLOWANCE = 3 * (MAX_DRAFT_TOKENS + 1)
 
 # The text models' types: the four first sizes' (`gemma4_text`) and the 12B's, whose text model is
 # the same network without per-layer embeddings or experts (transformers' modular file says so).
@@ -124,3 +118,23 @@ def head_dims(text) -> Dict[str, int]:
     """Head size per attention type (full layers may have a wider one: `global_head_dim`)."""
     text = as_mapping(text)
     return {SLIDING: text["head_dim"], FULL: text.get("global_head_dim") or text["head_dim"]}
+
+
+def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) -> Optional[int]:
+    """Bytes of a target's K/V cache at `context` tokens, from its config.json (or a published
+    text config): the layers that compute K/V (K/V-shared layers hold none), a window and
+    `sliding_slack` positions on sliding layers, the whole context on full ones, keys and values
+    both (a keys-equal-values layer still caches its values apart: they are normalised
+    differently). None where the config does not say enough."""
+    text = text_config(config)
+    if not isinstance(text, Mapping):
+        return None
+    text = normalize_text_config(text)  # per_layer_config's full-layer sizes, transformers' defaults
+    if not all(k in text for k in ("num_hidden_layers", "head_dim", "sliding_window")):
+        return None
+    heads, dims = kv_heads(text), head_dims(text)
+    per_position = {kind: heads[kind] * dims[kind] for kind in (SLIDING, FULL)}
+    positions = {SLIDING: min(context, text["sliding_window"] + sliding_slack), FULL: context}
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype")
+    item = 4 if dtype == "float32" else 2  # bfloat16 unless the checkpoint says float32
+    return sum(2 * per_position[kind] * positions[kind] * item for kind in cached_layer_types(text))

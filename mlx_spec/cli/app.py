@@ -1,4 +1,4 @@
-"""The `mlx-spec` command: `chat`, `generate` and `serve`, with mlx-lm's flag spellings."""
+"""The `mlx-spec` command: `chat`, `generate`, `serve` and `bench`."""
 
 import json
 import logging
@@ -8,76 +8,10 @@ from typing import List, Optional
 
 import click
 
-from .family import NAMES
-from .loading import AUTO, DEFAULT_TARGET, QUANT_MODES, LoadError
-from .memory import DEFAULT_CONTEXT
-from .options import Options
-from .sampling import SettingsError
+from ..errors import LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
+from .flags import flag_options, load_engine, memory_settings, model_options
 from .terminal import TokenPrinter, stats_line
-
-def _remember(ctx, param, value):
-    ctx.meta[f"mlx_spec.{param.name}"] = value
-    return value
-
-
-# Read by load_engine (through the click context) rather than passed to every command.
-load_options = [
-    click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, expose_value=False,
-                 callback=_remember, help="Tokens of context the memory check counts K/V cache for."),
-    click.option("--force", is_flag=True, expose_value=False, callback=_remember,
-                 help="Load even where the memory check says the model does not fit."),
-]
-
-
-def model_options(f):
-    options = [
-        click.option("--model", default=DEFAULT_TARGET, show_default=True,
-                     help=f"Target: {'|'.join(NAMES)} (4-bit MLX), hub id or folder."),
-        click.option("--drafter", default=AUTO, show_default=True,
-                     help="MTP drafter: auto (the target's own assistant), a size name, hub id or folder."),
-        *load_options,
-        click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter to 4 or 8 bits."),
-        click.option("--drafter-mode", type=click.Choice(QUANT_MODES), default=None,
-                     help="Quantization mode for the drafter [default: affine; mxfp4, mxfp8 and nvfp4 set their own bits]."),
-        click.option("--no-mtp", is_flag=True, help="Decode with the target alone (no drafter is loaded)."),
-        click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: chosen each cycle]."),
-        click.option("--no-lookup", is_flag=True, help="No prompt-lookup guesses (the MTP drafter's only)."),
-        click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy."),
-        click.option("--top-k", type=int, default=0, show_default=True, help="Top-k; 0 turns it off."),
-        click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p; 1 turns it off."),
-        click.option("--seed", type=int, default=None, help="Random seed."),
-        click.option("--max-tokens", "-m", type=int, default=512, show_default=True, help="Tokens per answer."),
-        click.option("--thinking", is_flag=True, help="Let the model think before it answers (shown dimmed)."),
-        click.option("--image-tokens", type=click.Choice(["70", "140", "280", "560", "1120"]), default=None,
-                     help="Soft tokens per image [default: 280]."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=(),
-                 image_tokens=None) -> Options:
-    """The command line's flags as Options, checked before any time is spent on loading."""
-    return Options(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, seed=seed,
-                   mtp=False if no_mtp else None, draft_tokens=draft_tokens, lookup=not no_lookup,
-                   thinking=thinking, stop=tuple(stop), image_tokens=int(image_tokens) if image_tokens else None)
-
-
-def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
-    """The engine, with --context and --force as the command line gave them (`load_settings`,
-    read from the click context unless given: `serve` loads on another thread)."""
-    from .engine import load
-
-    bits = int(drafter_bits) if drafter_bits else None
-    settings = load_settings if load_settings is not None else memory_settings()
-    return load(model, None if no_mtp else drafter, bits, drafter_mode, **settings)
-
-
-def memory_settings() -> dict:
-    meta = click.get_current_context().meta
-    return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False)}
 
 
 @click.group()
@@ -164,7 +98,9 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
                             image_tokens=image_tokens)
     if cache_gb < 0:
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
-    from .server import serve as run_server  # FastAPI and uvicorn only for this command
+    from ..server import (
+        serve as run_server,  # FastAPI and uvicorn only for this command
+    )
 
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
@@ -185,7 +121,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 def bench(table, args):
     """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
     controlled, overhead, media, or all. `mlx-spec bench TABLE --help` lists its options."""
-    from . import bench as tables
+    from .. import bench as tables
 
     if table in (None, "-h", "--help"):
         click.echo(click.get_current_context().get_help())
@@ -210,6 +146,3 @@ def main(argv: Optional[List[str]] = None) -> None:
     except BrokenPipeError:
         os._exit(0)
 
-
-if __name__ == "__main__":
-    main()

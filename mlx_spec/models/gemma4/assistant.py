@@ -18,8 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import DecoderLayer, ModelArgs
 
-from .gemma4 import SLIDING
-
+from ..protocol import SharedKV
+from .facts import FULL, SLIDING
 
 # transformers' default target width per assistant type, for a config that leaves it out.
 DEFAULT_BACKBONE = {"gemma4_assistant": 1536, "gemma4_unified_assistant": 3840}
@@ -114,31 +114,32 @@ class Assistant(nn.Module):
             out[k] = v
         return out
 
-    def step(
-        self,
-        token_embedding: mx.array,
-        hidden: mx.array,
-        shared_kv: Dict[str, Tuple[mx.array, mx.array]],
-        position,
-        masks: Optional[Dict[str, mx.array]] = None,
-    ) -> Tuple[mx.array, mx.array]:
+    def kv_inputs(self, kv: Dict[str, SharedKV]) -> Tuple[mx.array, ...]:
+        """What a draft step reads of the target's K/V (`Target.drafter_buffers`): the sliding
+        source layer's buffer with a mask of its last `sliding_span` settled positions, and the
+        full source layer's with a mask of every settled one. The buffers stay whole, so that a
+        compiled step keeps its input shapes from cycle to cycle."""
+        sliding, full = kv[SLIDING].last(self.sliding_span), kv[FULL]
+        return sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask()
+
+    def step(self, token_embedding: mx.array, hidden: mx.array, kv: Tuple[mx.array, ...],
+             position) -> Tuple[mx.array, mx.array]:
         """One draft step for a single position.
 
         token_embedding: the target's scaled embedding of the last token [B, 1, backbone].
         hidden: the target's (or the previous step's) hidden state [B, 1, backbone].
-        shared_kv: the target's K/V per attention type (see `Target.drafter_kv`).
+        kv: `kv_inputs` of the target's K/V.
         position: the RoPE position of the query, held constant for the round.
-        masks: when shared_kv holds whole cache buffers, the slots to read per attention type
-        (`SharedKV.mask`); None when it holds exactly the positions to read.
         Returns (h, next_hidden): the drafter's final-norm state and its projection.
         """
+        sliding_keys, sliding_values, sliding_mask, full_keys, full_values, full_mask = kv
+        shared = {SLIDING: (sliding_keys, sliding_values), FULL: (full_keys, full_values)}
+        masks = {SLIDING: sliding_mask, FULL: full_mask}
         x = self.pre_projection(mx.concatenate([token_embedding, hidden], axis=-1))
         offset = mx.array(position) if isinstance(position, int) else position
-        if masks is None:
-            shared_kv, masks = self._visible(shared_kv), {}
         for layer, layer_type in zip(self.model.layers, self.layer_types):
-            # A single query sees all the K/V it is given, or all its mask leaves.
-            x, _, _ = layer(x, masks.get(layer_type), None, shared_kv=shared_kv[layer_type], offset=offset)
+            # A single query sees all the K/V its mask leaves.
+            x, _, _ = layer(x, masks[layer_type], None, shared_kv=shared[layer_type], offset=offset)
         h = self.model.norm(x)
         return h, self.post_projection(h)
 
@@ -147,15 +148,6 @@ class Assistant(nn.Module):
         """Positions a sliding layer reads: its own window (transformers' bidirectional window
         mask), which may be shorter than the target's."""
         return self.config.text.sliding_window + 1
-
-    def _visible(self, shared_kv: Dict[str, Tuple[mx.array, mx.array]]) -> Dict[str, Tuple[mx.array, mx.array]]:
-        """The drafter's sliding layers see the last `sliding_window + 1` positions, its own
-        window (transformers' bidirectional window mask), which may be shorter than the target's."""
-        span = self.sliding_span
-        keys, values = shared_kv[SLIDING]
-        if keys.shape[-2] <= span:
-            return shared_kv
-        return {**shared_kv, SLIDING: (keys[..., -span:, :], values[..., -span:, :])}
 
     @property
     def head(self) -> nn.Module:

@@ -6,48 +6,19 @@ the scaled input embedding the drafter needs, our trimmable caches, and access t
 last non-shared sliding and full layers, which the MTP drafter reads instead of a cache of its own.
 """
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
-from .cache import FullCache, SlidingWindowCache
-from .media.items import MediaSpan
-from .media.prefill import chunk_bounds, hidden_with_media, inside
-from .gemma4 import FULL, SLIDING, TRIM_ALLOWANCE, cached_layer_types, kv_source_layers
+from ...media.items import MediaSpan
+from ..cache import FullCache, SlidingWindowCache
+from ..protocol import SharedKV
+from ..traces import TraceCache
+from .facts import FULL, SLIDING, cached_layer_types, kv_source_layers
+from .media_prefill import chunk_bounds, hidden_with_media, inside
 from .target_pass import MAX_POSITIONS, CompiledPass
-
-
-@dataclass
-class SharedKV:
-    """One attention type's K/V as the drafter reads it: the cache's whole buffer and the range
-    of buffer slots that hold settled positions. The buffer's shape changes only when the cache
-    grows it (every few hundred tokens), so a compiled draft step masks the range instead of
-    slicing it and is not traced again for every new context length. For a cycle built ahead of
-    the host the range's ends are device arrays (the running cycle decides where it ends)."""
-
-    keys: mx.array  # [B, H, capacity, D]
-    values: mx.array
-    lo: Union[int, mx.array]  # first slot read
-    hi: Union[int, mx.array]  # one past the last
-
-    def view(self) -> Tuple[mx.array, mx.array]:
-        if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
-            raise ValueError("this K/V range is computed on the device (a cycle drafted ahead): read it through mask()")
-        return self.keys[..., self.lo : self.hi, :], self.values[..., self.lo : self.hi, :]
-
-    def last(self, span: int) -> "SharedKV":
-        """The newest `span` positions of this range."""
-        if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
-            return SharedKV(self.keys, self.values, mx.maximum(self.lo, self.hi - span), self.hi)
-        return SharedKV(self.keys, self.values, max(self.lo, self.hi - span), self.hi)
-
-    def mask(self) -> mx.array:
-        """[1, 1, 1, capacity], True where a slot is read (an attention mask for one query)."""
-        slots = mx.arange(self.keys.shape[-2])
-        return ((slots >= self.lo) & (slots < self.hi))[None, None, None]
 
 
 class Target:
@@ -63,7 +34,10 @@ class Target:
         self.text_model = self.lm.model
         self.args = self.lm.args
         self.kv_layers = kv_source_layers(self.args)
-        self._compiled_pass = CompiledPass(self)
+        # Every compiled function that runs on this model (its pass, the drafter's steps, the
+        # acceptance test): one owner, whose count of traces tells a cycle's build that traced.
+        self.traces = TraceCache()
+        self._compiled_pass = CompiledPass(self, self.traces)
 
     @property
     def hidden_size(self) -> int:
@@ -77,7 +51,11 @@ class Target:
     def window(self) -> int:
         return self.args.sliding_window
 
-    def make_cache(self, max_trim: int = TRIM_ALLOWANCE) -> list:
+    @property
+    def context_length(self) -> int:
+        return self.args.max_position_embeddings
+
+    def make_cache(self, max_trim: int) -> list:
         """Caches for the layers that compute K/V; the sliding ones can drop `max_trim` entries."""
         return [
             SlidingWindowCache(self.window, max_trim) if t == SLIDING else FullCache()
@@ -135,32 +113,19 @@ class Target:
         return {SLIDING: SharedKV(sliding.keys, sliding.values, mx.maximum(end - sliding.draft_span, 0), end),
                 FULL: SharedKV(full.keys, full.values, 0, offset)}
 
-    def drafter_kv(self, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:
-        """`drafter_buffers` as sliced (keys, values), oldest position first."""
-        return {kind: kv.view() for kind, kv in self.drafter_buffers(cache).items()}
-
-
-def trim_cache(cache: list, n: int) -> None:
-    """Drop the newest `n` positions from every layer's cache."""
-    if n <= 0:
-        return
-    for c in cache:
-        c.trim(n)
-
-
-def prefill(target: Target, tokens: mx.array, cache: list, chunk: int = 512,
-            spans: Sequence[MediaSpan] = (), start: int = 0) -> mx.array:
-    """Feed `tokens` [1, L] (absolute positions from `start`) to the target in chunks; return the
-    hidden state [1, 1, H] of the last position. Earlier chunks are evaluated for their cache
-    state alone (their logits are never built). Media `spans` among the positions put their
-    embeddings at their soft tokens, each item within one chunk (see media/prefill.py)."""
-    hidden = None
-    for lo, hi in chunk_bounds(tokens.shape[1], chunk, spans, start):
-        if hidden is not None:
-            mx.eval([c.keys for c in cache] + [c.values for c in cache])
-        media = inside(spans, start + lo, start + hi)
-        if media:
-            hidden = hidden_with_media(target, tokens[:, lo:hi], cache, media, start + lo)
-        else:
-            hidden = target.hidden(tokens[:, lo:hi], cache)
-    return hidden[:, -1:]
+    def prefill(self, tokens: mx.array, cache: list, chunk: int, spans: Sequence[MediaSpan] = (),
+                start: int = 0) -> mx.array:
+        """Feed `tokens` [1, L] (absolute positions from `start`) in chunks; return the hidden
+        state [1, 1, H] of the last position. Earlier chunks are evaluated for their cache state
+        alone (their logits are never built). Media `spans` among the positions put their
+        embeddings at their soft tokens, each item within one chunk (see media_prefill.py)."""
+        hidden = None
+        for lo, hi in chunk_bounds(tokens.shape[1], chunk, spans, start):
+            if hidden is not None:
+                mx.eval([c.keys for c in cache] + [c.values for c in cache])
+            media = inside(spans, start + lo, start + hi)
+            if media:
+                hidden = hidden_with_media(self, tokens[:, lo:hi], cache, media, start + lo)
+            else:
+                hidden = self.hidden(tokens[:, lo:hi], cache)
+        return hidden[:, -1:]

@@ -4,25 +4,27 @@ position, the acceptance rule and the per-token report figures, as compiled func
 Uncompiled, these are about a hundred small primitives per cycle, each one a kernel launch and
 each one built op by op in Python. Compiled, their element-wise chains fuse and the host replays
 a recorded graph. Their shapes depend only on the number of guesses g (and the vocabulary), so
-each is traced once per g and settings, and shared by every decoder (traces.py bounds them).
+each is traced once per g and settings, and kept with the target's other compiled functions,
+shared by every decoder on that target (models/traces.py bounds them).
 """
 
 from typing import Dict, Tuple
 
 import mlx.core as mx
 
+from ..models.traces import TraceCache, shapes_of
+from ..sampling.acceptance import accept_by_match, accept_by_ratio
+from ..sampling.distribution import distribution
+from ..sampling.settings import SamplingSettings
 from .reports import report_arrays
-from .sampling import SamplingSettings, accept_by_match, accept_by_ratio, distribution
-from .traces import TraceCache, shapes_of
-
-# Shared by every decoder: a new decoder with settings seen before traces nothing again.
-TRACES = TraceCache()
 
 
 class Verifier:
-    def __init__(self, settings: SamplingSettings, report: bool):
+    def __init__(self, settings: SamplingSettings, report: bool, traces: TraceCache):
+        """traces: where the compiled functions live (the target's): a new decoder with settings
+        seen before traces nothing again."""
         # The seed only picks the uniforms, which are inputs: it is no part of a graph.
-        self.settings, self.report = settings.unseeded(), report
+        self.settings, self.report, self.traces = settings.unseeded(), report, traces
 
     def by_match(self, logits: mx.array, guesses: mx.array, uniforms: mx.array):
         """(kept, tokens, reports) for deterministic guesses (see `sampling.accept_by_match`).
@@ -34,10 +36,10 @@ class Verifier:
         return self._compiled("ratio", logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform)
 
     def _compiled(self, rule: str, *inputs):
-        key = (rule, self.settings, self.report, shapes_of(inputs))
+        key = ("verify", rule, self.settings, self.report, shapes_of(inputs))
         graph = _match_graph if rule == "match" else _ratio_graph
         settings, report = self.settings, self.report
-        return TRACES.get(key, lambda: lambda *arrays: graph(settings, report, *arrays))(*inputs)
+        return self.traces.get(key, lambda: lambda *arrays: graph(settings, report, *arrays))(*inputs)
 
 
 def _match_graph(settings, report, logits, guesses, uniforms):

@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mlx_lm.tool_parsers import gemma4 as gemma4_tools
 
-from .sampling import SettingsError
+from ...errors import SettingsError
+from ..protocol import ANSWER, THOUGHT, TOOL_CALL
 
 Message = Dict[str, Any]
-ANSWER, THOUGHT, TOOL_CALL = "answer", "thought", "tool_call"
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 TOOL_CALL_BLOCK = re.compile(
     re.escape(gemma4_tools.tool_call_start) + r"(.*?)" + re.escape(gemma4_tools.tool_call_end), re.DOTALL
@@ -88,13 +88,6 @@ def assistant_message(text: str, tool_calls: List[Dict[str, Any]], thinking: str
     return message
 
 
-def tool_result(name: str, content: Any, tool_call_id: Optional[str] = None) -> Message:
-    """A tool's result as a chat message. A mapping is rendered natively
-    (`response:NAME{key:value}`), a string as `response:NAME{value:...}`."""
-    message: Message = {"role": "tool", "name": name, "content": content}
-    if tool_call_id is not None:
-        message["tool_call_id"] = tool_call_id
-    return message
 
 
 def for_template(messages: List[Message]) -> List[Message]:
@@ -164,3 +157,18 @@ def _text_of_parts(content: Any) -> Any:
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         return "".join(p.get("text", "") for p in content if p.get("type") == "text")
     return content
+
+
+class Gemma4ChatFormat:
+    """Gemma 4's chat format as the engine reads it (models/protocol.py: `ChatFormat`)."""
+
+    for_template = staticmethod(for_template)
+    parse_tool_calls = staticmethod(parse_tool_calls)
+    assistant_message = staticmethod(assistant_message)
+
+    @staticmethod
+    def channels(tokenizer) -> Channels:
+        return Channels(tokenizer)
+
+
+CHAT_FORMAT = Gemma4ChatFormat()

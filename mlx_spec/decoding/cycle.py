@@ -15,12 +15,12 @@ from typing import Dict, List, Optional, Union
 
 import mlx.core as mx
 
-from .drafting import Draft, DraftContext, Drafter
-from .pieces import HostWork, Pieces
-from .sampling import SamplingSettings, SettingsError
+from ..drafting import Draft, DraftContext, Drafter
+from ..drafting.pieces import HostWork, Pieces
+from ..errors import SettingsError
+from ..models.protocol import TargetModel
+from ..sampling.settings import SamplingSettings
 from .sequence import SequenceState
-from .target import Target
-from .traces import TraceCache
 from .verify import Verifier
 
 
@@ -116,9 +116,9 @@ class Cycle:
 
 
 class CycleBuilder:
-    def __init__(self, target: Target, settings: SamplingSettings, uniforms: dict, report: bool):
+    def __init__(self, target: TargetModel, settings: SamplingSettings, uniforms: dict, report: bool):
         self.target, self.settings, self.uniforms = target, settings, uniforms
-        self.verifier = Verifier(settings, report)
+        self.verifier = Verifier(settings, report, target.traces)
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
@@ -131,7 +131,7 @@ class CycleBuilder:
     def pieces(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> HostWork:
         """`build` as host work in pieces: a piece per draft step, one for the target pass and
         the rest (the cycle's `seconds` are left to whoever runs the pieces)."""
-        asked, traces = g, TraceCache.made
+        asked, traces = g, self.target.traces.made
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
         draft = Draft(mx.zeros((0,), mx.int32), source="none")
@@ -159,7 +159,7 @@ class CycleBuilder:
                 uniforms("target", g, 1)[0],
             )
         return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps],
-                     traced=TraceCache.made > traces)
+                     traced=self.target.traces.made > traces)
 
     def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
         context = DraftContext(

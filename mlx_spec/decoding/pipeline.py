@@ -34,9 +34,9 @@ from typing import Dict, List, Optional
 
 import mlx.core as mx
 
+from ..drafting import Drafter
+from ..drafting.pieces import HostWork, Pieces
 from .cycle import Cycle, CycleBuilder, Start
-from .drafting import Drafter
-from .pieces import HostWork, Pieces
 from .sequence import SequenceState
 from .stats import Stats
 

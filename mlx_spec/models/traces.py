@@ -14,21 +14,21 @@ from typing import Callable, Hashable
 
 import mlx.core as mx
 
-# Traces each owner keeps: a few sampling settings in use at once, times the pass lengths
-# (g + 1) and buffer shapes of the conversations under way.
-MAX_TRACES = 64
+# Traces each owner keeps (a model owns one cache for its pass, its drafter's steps and the
+# acceptance test): a few sampling settings in use at once, times the pass lengths (g + 1) and
+# buffer shapes of the conversations under way.
+MAX_TRACES = 192
 
 
 class TraceCache:
-    # Compiled functions made by every cache so far. A function traces its graph at its first
-    # call, which follows its making at once: work during which this grew paid for a trace.
-    made = 0
-
     def __init__(self, bound: int = MAX_TRACES):
         if bound < 1:
             raise ValueError(f"a trace cache holds at least one function, got bound {bound}")
         self.bound = bound
         self._functions: "OrderedDict[Hashable, Callable]" = OrderedDict()
+        # Compiled functions this cache made so far. A function traces its graph at its first
+        # call, which follows its making at once: work during which this grew paid for a trace.
+        self.made = 0
 
     def get(self, key: Hashable, make: Callable[[], Callable]) -> Callable:
         """The compiled function for `key`: `mx.compile(make())` the first time (and again after
@@ -38,7 +38,7 @@ class TraceCache:
             self._functions.move_to_end(key)  # now the most recently used
             return function
         function = self._functions[key] = mx.compile(make())
-        TraceCache.made += 1
+        self.made += 1
         while len(self._functions) > self.bound:
             self._functions.popitem(last=False)
         return function

@@ -8,14 +8,13 @@ target. Memory is bounded: the least recently used sequences go first.
 
 from typing import List, Sequence, Tuple
 
-from .media.items import MediaSpan
-
+from ..media.items import MediaSpan
+from ..models.protocol import TargetModel
 from .sequence import SequenceState
-from .target import Target
 
 
 class PromptCache:
-    def __init__(self, target: Target, max_bytes: int, max_sequences: int = 16):
+    def __init__(self, target: TargetModel, max_bytes: int, max_sequences: int = 16):
         if max_bytes < 0 or max_sequences < 1:
             raise ValueError(f"a prompt cache needs max_bytes >= 0 and max_sequences >= 1, got {max_bytes}, {max_sequences}")
         self.target = target

@@ -9,7 +9,7 @@ tokens), so memory stays bounded however long the generation runs.
 
 It implements the part of mlx-lm's cache interface that mlx-lm's Gemma 4 attention uses:
 ``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``; and, with ``FullCache`` (mlx-lm's
-full-attention cache), the ``reserve`` and ``written`` of the compiled pass (``target_pass``).
+full-attention cache), the ``reserve`` and ``written`` of a compiled pass over the whole buffers (gemma4/target_pass.py).
 """
 
 from typing import Optional
@@ -109,11 +109,6 @@ class SlidingWindowCache:
         the MTP drafter's sliding layers attend to (bidirectionally)."""
         return max(self.start, self.offset - self.draft_span) - self.start, self.offset - self.start
 
-    def draft_view(self):
-        """Keys and values of `draft_range`."""
-        lo, hi = self.draft_range()
-        return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
-
     def snapshot(self) -> tuple:
         """The cache as it stands, for `restore`. The buffers are referenced, not copied: the
         next write copies them once (MLX writes in place only into a buffer nobody else holds)."""
@@ -189,3 +184,11 @@ class FullCache(KVCache):
     def written(self, keys: mx.array, values: mx.array, n: int) -> None:
         self.keys, self.values = keys, values
         self.offset += n
+
+
+def trim_cache(cache: list, n: int) -> None:
+    """Drop the newest `n` positions from every layer's cache."""
+    if n <= 0:
+        return
+    for c in cache:
+        c.trim(n)

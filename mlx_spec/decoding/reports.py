@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from .sampling import Distribution
+from ..sampling.distribution import Distribution
 
 TOP = 5
 

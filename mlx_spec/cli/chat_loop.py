@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 
 import click
 
-from .sampling import SettingsError
+from ..errors import SettingsError
 from .terminal import TokenPrinter, stats_line
 
 HELP = """Commands: /image PATH and /audio PATH (attach to the next message),

@@ -15,8 +15,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from ...media.items import IMAGE, MediaSpan
 from ..cache import SlidingWindowCache
-from .items import IMAGE, MediaSpan
 
 
 def chunk_bounds(length: int, chunk: int, spans: Sequence[MediaSpan], start: int) -> Iterator[Tuple[int, int]]:

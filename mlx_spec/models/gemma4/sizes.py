@@ -4,28 +4,34 @@ A name picks the 4-bit MLX conversion of the instruction-tuned target and the ma
 assistant. Everything the code does with a model still comes from its config; the text configs
 here are the published ones (the keys that fix the shapes and the K/V cache), used before a
 checkpoint is downloaded (memory estimates) and to build random-weight models of each shape
-(bench/). The README's family table says where each id and config was found.
+(bench/). docs/models.md says where each id and config was found.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
-from .gemma4 import layer_pattern as _layers
+from ..registry import Size as _Size
+from .facts import layer_pattern as _layers
 
 
 @dataclass(frozen=True)
-class Size:
-    name: str
-    target: str  # the 4-bit MLX conversion (mlx-community)
-    drafter: str  # the MTP assistant (mlx-community's bf16 copy of google's)
-    text: dict  # the published text config of the target
-    assistant: dict  # the published assistant config: its text config and head
+class Size(_Size):
+    """target: the 4-bit MLX conversion (mlx-community); drafter: the MTP assistant
+    (mlx-community's bf16 copy of google's)."""
+
+    text: Dict[str, Any] = None  # the published text config of the target
+    assistant: Dict[str, Any] = None  # the published assistant config: its text config and head
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """What the memory check reads before anything is downloaded: the published text config."""
+        return self.text
 
 
 _COMMON = dict(vocab_size=262144, head_dim=256, global_head_dim=512, final_logit_softcapping=30.0,
                max_position_embeddings=131072)
 
-FAMILY: Dict[str, Size] = {
+SIZES: Dict[str, Size] = {
     size.name: size
     for size in [
         Size(
@@ -84,30 +90,14 @@ FAMILY: Dict[str, Size] = {
         ),
     ]
 }
-NAMES = tuple(FAMILY)
 
 
-def by_name(name: str) -> Optional[Size]:
-    """The size a short name means (any case), else None."""
-    return FAMILY.get(name.lower()) if isinstance(name, str) else None
 
-
-def by_target(path_or_repo: str) -> Optional[Size]:
-    """The size whose target is this name or hub id (any case), else None."""
-    size = by_name(path_or_repo)
-    if size is not None:
-        return size
-    for size in FAMILY.values():
-        if size.target.lower() == str(path_or_repo).lower():
-            return size
-    return None
-
-
-def for_config(text: dict) -> Optional[Size]:
-    """The size whose published text config has this one's structure: width, depth, layer
-    pattern and K/V sharing (any quantization or fine-tune of it), else None."""
+def size_of(text: Mapping[str, Any]) -> Optional[str]:
+    """The name of the size whose published text config has this one's structure: width, depth,
+    layer pattern and K/V sharing (any quantization or fine-tune of it), else None."""
     keys = ("hidden_size", "num_hidden_layers", "num_kv_shared_layers", "layer_types")
-    for size in FAMILY.values():
+    for size in SIZES.values():
         if all(text.get(k) == size.text[k] for k in keys):
-            return size
+            return size.name
     return None

@@ -1,0 +1,75 @@
+"""The flags `chat`, `generate` and `serve` share (mlx-lm's spellings), and the engine they load."""
+
+import click
+
+from ..chat import ChatSession
+from ..loading import AUTO, DEFAULT_TARGET
+from ..memory import DEFAULT_CONTEXT
+from ..models import FAMILIES
+from ..models.quantize import QUANT_MODES
+from ..options import Options
+
+
+def _remember(ctx, param, value):
+    ctx.meta[f"mlx_spec.{param.name}"] = value
+    return value
+
+
+# Read by load_engine (through the click context) rather than passed to every command.
+load_options = [
+    click.option("--context", type=int, default=DEFAULT_CONTEXT, show_default=True, expose_value=False,
+                 callback=_remember, help="Tokens of context the memory check counts K/V cache for."),
+    click.option("--force", is_flag=True, expose_value=False, callback=_remember,
+                 help="Load even where the memory check says the model does not fit."),
+]
+
+
+def model_options(f):
+    options = [
+        click.option("--model", default=DEFAULT_TARGET, show_default=True,
+                     help=f"Target: {'|'.join(FAMILIES.size_names)} (4-bit MLX), hub id or folder."),
+        click.option("--drafter", default=AUTO, show_default=True,
+                     help="MTP drafter: auto (the target's own assistant), a size name, hub id or folder."),
+        *load_options,
+        click.option("--drafter-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the drafter to 4 or 8 bits."),
+        click.option("--drafter-mode", type=click.Choice(QUANT_MODES), default=None,
+                     help="Quantization mode for the drafter [default: affine; mxfp4, mxfp8 and nvfp4 set their own bits]."),
+        click.option("--no-mtp", is_flag=True, help="Decode with the target alone (no drafter is loaded)."),
+        click.option("--draft-tokens", type=int, default=None, help="Guesses per cycle [default: chosen each cycle]."),
+        click.option("--no-lookup", is_flag=True, help="No prompt-lookup guesses (the MTP drafter's only)."),
+        click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy."),
+        click.option("--top-k", type=int, default=0, show_default=True, help="Top-k; 0 turns it off."),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p; 1 turns it off."),
+        click.option("--seed", type=int, default=None, help="Random seed."),
+        click.option("--max-tokens", "-m", type=int, default=ChatSession.MAX_TOKENS, show_default=True,
+                     help="Tokens per answer."),
+        click.option("--thinking", is_flag=True, help="Let the model think before it answers (shown dimmed)."),
+        click.option("--image-tokens", type=click.Choice(["70", "140", "280", "560", "1120"]), default=None,
+                     help="Soft tokens per image [default: 280]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=(),
+                 image_tokens=None) -> Options:
+    """The command line's flags as Options, checked before any time is spent on loading."""
+    return Options(max_tokens=max_tokens, temperature=temp, top_k=top_k, top_p=top_p, seed=seed,
+                   mtp=False if no_mtp else None, draft_tokens=draft_tokens, lookup=not no_lookup,
+                   thinking=thinking, stop=tuple(stop), image_tokens=int(image_tokens) if image_tokens else None)
+
+
+def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
+    """The engine, with --context and --force as the command line gave them (`load_settings`,
+    read from the click context unless given: `serve` loads on another thread)."""
+    from ..loading import load
+
+    bits = int(drafter_bits) if drafter_bits else None
+    settings = load_settings if load_settings is not None else memory_settings()
+    return load(model, None if no_mtp else drafter, bits, drafter_mode, **settings)
+
+
+def memory_settings() -> dict:
+    meta = click.get_current_context().meta
+    return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False)}

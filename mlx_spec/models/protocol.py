@@ -1,0 +1,118 @@
+"""What the decoding loop needs from a model family: a target behind `TargetModel`, and, for MTP
+drafting, a draft model behind `DraftModel`. The loop, the sequence state and the drafters use
+nothing else of a model, so a new family implements these two (models/registry.py says how its
+checkpoints load).
+
+The target's caches are the family's to make (`make_cache`); they answer the cache interface of
+models/cache.py: `offset`, `trim`, and for sliding-window caches `trimmable_to`, `snapshot` and
+`restore`, which the sequence state uses to go back in a sequence.
+"""
+
+from dataclasses import dataclass
+from typing import (
+    Any,
+    Dict,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+    runtime_checkable,
+)
+
+import mlx.core as mx
+
+# The channels a generated token can be in (each token's report names one; a chat format's
+# `channels` tells them apart): the answer, a thought, a tool call.
+ANSWER, THOUGHT, TOOL_CALL = "answer", "thought", "tool_call"
+
+
+@dataclass
+class SharedKV:
+    """One attention type's K/V as a drafter reads it: the cache's whole buffer and the range
+    of buffer slots that hold settled positions. The buffer's shape changes only when the cache
+    grows it (every few hundred tokens), so a compiled draft step masks the range instead of
+    slicing it and is not traced again for every new context length. For a cycle built ahead of
+    the host the range's ends are device arrays (the running cycle decides where it ends)."""
+
+    keys: mx.array  # [B, H, capacity, D]
+    values: mx.array
+    lo: Union[int, mx.array]  # first slot read
+    hi: Union[int, mx.array]  # one past the last
+
+    def last(self, span: int) -> "SharedKV":
+        """The newest `span` positions of this range."""
+        if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
+            return SharedKV(self.keys, self.values, mx.maximum(self.lo, self.hi - span), self.hi)
+        return SharedKV(self.keys, self.values, max(self.lo, self.hi - span), self.hi)
+
+    def mask(self) -> mx.array:
+        """[1, 1, 1, capacity], True where a slot is read (an attention mask for one query)."""
+        slots = mx.arange(self.keys.shape[-2])
+        return ((slots >= self.lo) & (slots < self.hi))[None, None, None]
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """The model whose output the loop reproduces exactly."""
+
+    vocab_size: int
+    hidden_size: int
+    context_length: int  # the positions it attends over: prompt and answer together
+    traces: Any  # its compiled functions (models/traces.py), owned by the model
+
+    def make_cache(self, max_trim: int) -> List[Any]:
+        """Fresh caches; sliding-window ones must drop their newest `max_trim` positions at any offset."""
+
+    def forward(self, tokens: mx.array, cache: List[Any], offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+        """(logits, hidden) of every position of `tokens` [1, N], appended to `cache`. `offset`:
+        where they go, as a device array, when the host does not know it yet (a cycle built
+        ahead; only targets whose MTP drafter drafts ahead are asked)."""
+
+    def prefill(self, tokens: mx.array, cache: List[Any], chunk: int, spans: Sequence[Any] = (),
+                start: int = 0) -> mx.array:
+        """Put prompt tokens [1, L] through in chunks; the hidden state [1, 1, H] of the last."""
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The input embedding a drafter reads, as the first layer sees it."""
+
+    def drafter_buffers(self, cache: List[Any], offset: Optional[mx.array] = None) -> Dict[str, SharedKV]:
+        """The K/V an MTP drafter attends to, by attention type, all settled."""
+
+
+@runtime_checkable
+class DraftModel(Protocol):
+    """A multi-token-prediction drafter that reads the target's K/V (drafting/mtp.py drives it)."""
+
+    vocab_size: int
+
+    def kv_inputs(self, kv: Dict[str, SharedKV]) -> Tuple[mx.array, ...]:
+        """The arrays one draft step reads out of the target's K/V (whole buffers and masks)."""
+
+    def step(self, token_embedding: mx.array, hidden: mx.array, kv: Tuple[mx.array, ...],
+             position: mx.array) -> Tuple[mx.array, mx.array]:
+        """(h, next hidden) for one draft position: h for the logits, next hidden for the next step."""
+
+    def greedy_token(self, h: mx.array) -> mx.array:
+        """The argmax token [B, 1] of a state, ties to the lowest id."""
+
+    def full_logits(self, h: mx.array) -> mx.array:
+        """Logits over the whole vocabulary (for drafters that sample)."""
+
+
+@runtime_checkable
+class ChatFormat(Protocol):
+    """How a family's chat template reads messages and how its model writes answers."""
+
+    def for_template(self, messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """The messages as the family's chat template renders them natively."""
+
+    def channels(self, tokenizer: Any) -> Any:
+        """A fresh reader of generated tokens: `feed(token, piece) -> (channel, visible text)`."""
+
+    def parse_tool_calls(self, text: str) -> List[Dict[str, Any]]:
+        """The tool calls in an answer's text, as [{"id", "name", "arguments"}]."""
+
+    def assistant_message(self, text: str, tool_calls: List[Dict[str, Any]], thinking: str = "") -> Dict[str, Any]:
+        """The model's answer as a chat message for the next turn's history."""

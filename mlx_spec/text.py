@@ -1,0 +1,147 @@
+"""The text side of an engine: the tokenizer, the chat template, the streaming detokenizer, the
+chat format's channels and the stop tokens.
+
+It turns prompts into token ids and generated tokens back into text. It knows nothing of the
+model's weights: `Engine` holds it beside the model pair and the media side.
+"""
+
+import numbers
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set
+
+from .decoding.reports import TokenReport
+from .errors import SettingsError
+from .models.checkpoint import Checkpoint
+
+TOKEN_TEXTS = 65536  # pieces of single tokens kept for the top-5 lists (a vocabulary's worth is 262,144)
+
+
+def is_messages(prompt: Any) -> bool:
+    """Whether a prompt is chat messages (a non-empty list of dicts), not text or token ids."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def stop_token_ids(checkpoint: Checkpoint, tokenizer: Optional[Any] = None) -> List[int]:
+    """The ids that end an answer: every `eos_token_id` the checkpoint's generation_config.json,
+    config.json and text config name (Gemma 4's generation config adds `<|tool_response>`, with
+    which the model ends a tool call), and the tokenizer's own."""
+    ids: Set[int] = set()
+    for config in (checkpoint.generation_config, checkpoint.config, checkpoint.config.get("text_config") or {}):
+        value = config.get("eos_token_id")
+        ids |= set([value] if isinstance(value, int) else value or [])
+    return sorted(ids | set(getattr(tokenizer, "eos_token_ids", None) or ()))
+
+
+def load_tokenizer(checkpoint: Checkpoint) -> Optional[Any]:
+    """mlx-lm's tokenizer wrapper (with its streaming detokenizer), or None if the checkpoint
+    folder has no tokenizer (token-id prompts still work)."""
+    if not (checkpoint.path / "tokenizer.json").is_file() and not (checkpoint.path / "tokenizer.model").is_file():
+        return None
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    return mlx_load_tokenizer(checkpoint.path, eos_token_ids=stop_token_ids(checkpoint) or None)
+
+
+class TextSide:
+    """Prompts to token ids and tokens to text, for one tokenizer (None: token ids only)."""
+
+    def __init__(self, tokenizer: Optional[Any], stop_tokens: Sequence[int], chat_format: Any,
+                 source: Optional[Path] = None):
+        self.tokenizer = tokenizer
+        self.stop_tokens = sorted(set(stop_tokens))
+        self.format = chat_format
+        self.source = source  # the checkpoint the tokenizer came from, for messages
+        self._token_texts: Dict[int, Optional[str]] = {}
+
+    def with_stop_tokens(self, stop_tokens: Sequence[int]) -> "TextSide":
+        """The same text side with exactly these stop tokens."""
+        return TextSide(self.tokenizer, stop_tokens, self.format, self.source)
+
+    def encode(self, prompt: Any, tools: Optional[List[dict]] = None, thinking: bool = False) -> List[int]:
+        """Token ids for a prompt: ids as given, a string as text, messages through the chat
+        template (with a generation prompt; thinking on or off, always said explicitly, since
+        mlx-lm would turn it on for any tokenizer that has thinking tokens)."""
+        if isinstance(prompt, str):
+            return list(self.require_tokenizer("a text prompt").encode(prompt))
+        prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
+        if is_messages(prompt):
+            return self.chat_tokens(prompt, tools, thinking)
+        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            return [int(t) for t in prompt]
+        raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
+
+    def chat_tokens(self, messages: List[dict], tools: Optional[List[dict]], thinking: bool) -> List[int]:
+        return list(self._chat_tokenizer().apply_chat_template(
+            self.format.for_template(messages), tools=tools, add_generation_prompt=True,
+            enable_thinking=bool(thinking)))
+
+    def render(self, prompt: Any, tools: Optional[List[dict]] = None, thinking: bool = False) -> Optional[str]:
+        """The text `encode` tokenizes (messages through the chat template); None for token ids.
+        Rendering is cheap where tokenizing a long text is not: see `longest_token_chars`."""
+        if isinstance(prompt, str):
+            return prompt
+        if is_messages(prompt):
+            return self._chat_tokenizer().apply_chat_template(
+                self.format.for_template(list(prompt)), tools=tools, add_generation_prompt=True,
+                enable_thinking=bool(thinking), tokenize=False)
+        return None
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters one token stands for (the longest piece in the vocabulary; a byte
+        token's name, 6 characters, is longer than the byte it stands for): a text of n
+        characters is at least n / this many tokens."""
+        tokenizer = self.require_tokenizer("a text prompt")
+        inner = getattr(tokenizer, "_tokenizer", tokenizer)  # transformers' own, under mlx-lm's wrapper
+        pieces = inner.convert_ids_to_tokens(list(range(len(inner))))
+        return max(1, *(len(p) for p in pieces if isinstance(p, str)))
+
+    def _chat_tokenizer(self):
+        tokenizer = self.require_tokenizer("chat messages")
+        if not getattr(tokenizer, "chat_template", None):
+            raise SettingsError(
+                f"chat messages need a chat template, and the tokenizer of {self.source} has none "
+                "(a base model or a hand-made conversion); send token ids or plain text instead (a string "
+                "in Python, --raw with mlx-spec generate, /v1/completions on the server)"
+            )
+        return tokenizer
+
+    def require_tokenizer(self, what: str):
+        if self.tokenizer is None:
+            raise SettingsError(f"{what} needs a tokenizer, and {self.source} has none; pass token ids")
+        return self.tokenizer
+
+    def text_of(self, tokens: List[int]) -> str:
+        """Text of generated tokens: stop tokens left out, other special tokens (such as the
+        tool-call markers) kept."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop_tokens])
+
+    def token_text(self, token: int) -> Optional[str]:
+        """The text of one token on its own (for the top-5 lists), remembered for the most used."""
+        if token not in self._token_texts:
+            if len(self._token_texts) >= TOKEN_TEXTS:
+                self._token_texts.clear()  # a bound: a server lives for weeks
+            self._token_texts[token] = None if self.tokenizer is None else self.tokenizer.decode([token])
+        return self._token_texts[token]
+
+    def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
+        """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
+        each token's text as written (`raw`) and as shown in its channel (`text`)."""
+        if self.tokenizer is None:
+            yield from reports
+            return
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        channels = self.format.channels(self.tokenizer)
+        for report in reports:
+            if report.token in self.stop_tokens:
+                report.text = report.raw = ""
+            else:
+                detokenizer.add_token(report.token)
+                report.raw = detokenizer.last_segment
+                report.channel, report.text = channels.feed(report.token, report.raw)
+            report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
+            yield report
