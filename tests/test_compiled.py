@@ -205,7 +205,7 @@ def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch
     """Generating 600 tokens, with draft lengths chosen as the loop goes (every pass length from
     1 to 9 positions), the compiled pass is traced once per input length and buffer shapes."""
     from mlx_spec.decoding.sequence import SequenceState
-    from mlx_spec.models.gemma4.target_pass import CompiledPass
+    from mlx_spec.models.compiled_pass import CompiledPass
 
     traces = []
     traced = CompiledPass._pass
@@ -228,7 +228,7 @@ def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch
 
 
 def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch):
-    import mlx_spec.models.gemma4.target_pass as target_pass
+    import mlx_spec.models.compiled_pass as target_pass
     from mlx_spec.decoding.sequence import SequenceState
 
     from mlx_spec.models.traces import TraceCache

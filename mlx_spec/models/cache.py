@@ -9,7 +9,7 @@ tokens), so memory stays bounded however long the generation runs.
 
 It implements the part of mlx-lm's cache interface that mlx-lm's Gemma 4 attention uses:
 ``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``; and, with ``FullCache`` (mlx-lm's
-full-attention cache), the ``reserve`` and ``written`` of a compiled pass over the whole buffers (gemma4/target_pass.py).
+full-attention cache), the ``reserve`` and ``written`` of a compiled pass over the whole buffers (gemma4/compiled_pass.py).
 """
 
 from typing import Optional
@@ -94,7 +94,7 @@ class SlidingWindowCache:
 
     def reserve(self, n: int) -> None:
         """Make room in the buffer for `n` more positions (for a pass that writes into the whole
-        buffer: see `target_pass`)."""
+        buffer: see compiled_pass.py)."""
         if self.offset - self.start + n > self.keys.shape[2]:
             self._make_room(n, self.keys, self.values)
 
@@ -155,7 +155,7 @@ class SlidingWindowCache:
 
 class FullCache(KVCache):
     """mlx-lm's full-attention cache, with the `reserve` and `written` of a pass that writes into
-    the whole buffer (see `target_pass`). Such a pass is compiled for the buffer's shape, so
+    the whole buffer (see compiled_pass.py). Such a pass is compiled for the buffer's shape, so
     the buffer grows by whole steps of `step` positions, and rarely."""
 
     step = 512

@@ -78,7 +78,8 @@ class TargetModel(Protocol):
         """The input embedding a drafter reads, as the first layer sees it."""
 
     def drafter_buffers(self, cache: List[Any], offset: Optional[mx.array] = None) -> Dict[str, SharedKV]:
-        """The K/V an MTP drafter attends to, by attention type, all settled."""
+        """The K/V an MTP drafter attends to, by attention type, all settled (empty for a family
+        without an MTP drafter: every cycle asks, whatever its drafter)."""
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from ..protocol import SharedKV
 from ..traces import TraceCache
 from .facts import FULL, SLIDING, cached_layer_types, kv_source_layers
 from .media_prefill import chunk_bounds, hidden_with_media, inside
-from .target_pass import MAX_POSITIONS, CompiledPass
+from ..compiled_pass import MAX_POSITIONS, CompiledPass
 
 
 class Target:
@@ -83,7 +83,7 @@ class Target:
 
     def forward(self, tokens: mx.array, cache: list, offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """`self(tokens, cache)` as the decoding loop runs it: compiled for a few positions at a
-        time (see `target_pass`), plain for anything else (an empty cache, a long input).
+        time (see models/compiled_pass.py), plain for anything else (an empty cache, a long input).
         `offset`: where the tokens go, as a device array, when the host does not know it yet
         (a cycle built ahead); the caches' offsets then count the most it can be."""
         if CompiledPass.applies(tokens, cache):

@@ -1,4 +1,6 @@
-"""The target's decoding pass (a few positions at a time) as one compiled function.
+"""A target's decoding pass (a few positions at a time) as one compiled function, for any
+mlx-lm model whose layers use mlx-lm's cache interface (`update_and_fetch`, `make_mask`) over
+the caches of models/cache.py: Gemma 4's target, or another family's.
 
 Built op by op in Python, a pass of Gemma 4 E2B is some six thousand primitives: on a fast Mac
 their host build takes about as long as the device takes to run them, and on a small model each
@@ -19,15 +21,15 @@ from typing import List, Optional, Tuple
 
 import mlx.core as mx
 
-from ..cache import FullCache, SlidingWindowCache
-from ..traces import TraceCache, shapes_of
+from .cache import FullCache, SlidingWindowCache
+from .traces import TraceCache, shapes_of
 
 MAX_POSITIONS = 32  # longer inputs (prefill chunks) take the plain pass
 
 
 class _BufferCache:
     """One layer's cache as the traced pass sees it: its whole buffers and two position arrays.
-    It answers the part of mlx-lm's cache interface that mlx-lm's Gemma 4 layers use."""
+    It answers the part of mlx-lm's cache interface that mlx-lm's attention layers use."""
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, start: mx.array):
         self.keys, self.values = keys, values
@@ -50,7 +52,8 @@ class _BufferCache:
 
 
 class CompiledPass:
-    """`target(tokens, cache)` for short inputs, compiled; caches must be ours and not empty."""
+    """`target(tokens, cache)` for short inputs, compiled; caches must be ours and not empty.
+    The target gives `hidden(tokens, cache)`, `logits(hidden)` and its weights as `model`."""
 
     def __init__(self, target, traces: TraceCache):
         self.target = target
