@@ -133,7 +133,7 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     result = build_result(engine, steps, Stats(generated_tokens=len(steps), drafted=4, kept=2, generation_seconds=1.0))
     form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=True)
     tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
-    chunks = [form.first_chunk(), *filter(None, map(form.token_chunk, tokens)),
+    chunks = [*form.first_chunks(), *filter(None, map(form.token_chunk, tokens)),
               *form.last_chunks(20, Done(result, result.finish_reason, result.text), include_usage=True)]
     sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
 

@@ -1,10 +1,12 @@
 """`mlx-spec serve`: an OpenAI-compatible server over one Engine, with a prompt cache and a page
 that shows every token's probability.
 
-app.py: the routes; body.py: reading a request body strictly; schemas.py: requests and errors;
-names.py: the names the model answers to; generation.py: a request's prompt tokens, and what it
-does on the model's thread; responses.py: OpenAI's response objects; worker.py: the queue in front of the
-model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
+app.py: the app and its error handlers; openai_routes.py: OpenAI's routes; gate.py: what every
+route checks (key, model, media, the prompt's tokens); body.py: reading a request body strictly;
+schemas.py: requests and errors; names.py: the names the model answers to; generation.py: a
+request's prompt tokens, and what it does on the model's thread; responses.py: OpenAI's
+response objects; streaming.py: a job's events as an HTTP answer; worker.py: the queue in front
+of the model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
 from typing import Any, Callable, Optional, Sequence

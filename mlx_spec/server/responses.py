@@ -105,8 +105,9 @@ class ChatFormat:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [choice]}
 
-    def first_chunk(self) -> Dict[str, Any]:
-        return self.chunk({"role": "assistant", "content": ""})
+    def first_chunks(self) -> List[Dict[str, Any]]:
+        """What a stream opens with, before any token: the assistant's role."""
+        return [self.chunk({"role": "assistant", "content": ""})]
 
     def token_chunk(self, token: Token) -> Optional[Dict[str, Any]]:
         """The chunk for one token, or None when it shows nothing and no report was asked."""
@@ -145,6 +146,9 @@ class CompletionFormat:
         self.id, self.created, self.model = new_id("cmpl"), int(time.time()), model
         self.logprobs, self.report = logprobs, report
         self.offset = 0
+
+    def first_chunks(self) -> List[Dict[str, Any]]:
+        return []  # a completion's stream opens with its first text
 
     def _choice(self, text: str, tokens: List[Token], finish_reason: Optional[str]) -> Dict[str, Any]:
         choice: Dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
