@@ -14,6 +14,7 @@ import time
 from typing import Iterator, List, Optional, Sequence
 
 import mlx.core as mx
+from mlx_lm.generate import wired_limit
 
 from ..drafting import Drafter, as_drafter
 from ..errors import SettingsError
@@ -112,9 +113,18 @@ class Decoder:
         Each turn: the running cycle is launched, with the next one built ahead of it and
         queued behind it (`Pipeline.advance`); the previous cycle's tokens are handed over
         while the device works; the running cycle syncs and settles.
+
+        While it decodes, the model's memory is wired as mlx-lm wires it (`wired_limit`: on a
+        Mac, the wired limit raised to the GPU's recommended working set, with a warning for a
+        model close to it, and restored after a sync): under memory pressure macOS would
+        otherwise page the weights out between cycles. Without Metal it does nothing.
         """
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
+        with wired_limit(self.target.model):
+            yield from self._generate(state, max_tokens)
+
+    def _generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
         began = time.perf_counter()
         produced, pending, upcoming = 0, _Pending(), None
         self.pipeline.restart()

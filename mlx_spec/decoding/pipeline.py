@@ -13,7 +13,7 @@ token, the budget): its writes lie past the settled positions, and the caches' o
 over them (`SequenceState.trim_to_settled`). Nothing is copied or restored.
 
 Why stages. MLX keeps only about ten tasks in flight and queues the rest of a graph as they
-finish (mlx/transforms.cpp; a task is a Metal command buffer of up to 40-50 kernels or 40-50 MB
+finish (MLX's scheduler in its evaluation code; a task is a Metal command buffer of up to 40-50 kernels or 40-50 MB
 of inputs, or ten CPU primitives). So `mx.async_eval` on a cycle of thousands of primitives
 returns only once all but its last few hundred are queued, and the host is free only while those
 run. A cycle with guesses is therefore launched a draft step at a time, and after each stage the

@@ -29,7 +29,7 @@ class Stats:
     # Host time building cycles' graphs, and launching them (`mx.async_eval`). Where the backend
     # runs each primitive's launch on the host thread (MLX's CPU backend does), the launch holds
     # the host for about as long as the device computes, and the build adds to the cycle's time
-    # (README, "Benchmarks": what bounds the loop efficiency on the CPU).
+    # (docs/benchmarks.md: what bounds the loop efficiency on the CPU).
     build_seconds: float = 0.0
     launch_seconds: float = 0.0
     peak_memory_gb: float = 0.0

@@ -114,28 +114,38 @@ def _kind(part: Any) -> Optional[str]:
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 
 
+def media_pointer(part: Any) -> Optional[Tuple[str, Any]]:
+    """(kind, what the part points at) for a media part, None for any other: a URL or path
+    string, or the value itself (bytes, an array, a PIL image, samples), or for `input_audio`
+    its {data, format} body. The one reader of where each part shape keeps its media: the
+    server screens the same pointers (which URLs it may fetch, which files it may read)."""
+    kind = _kind(part)
+    if kind is None:
+        return None
+    shape = part["type"]
+    if shape == "input_audio":
+        return kind, part.get("input_audio")
+    if shape in ("image_url", "input_image"):
+        url = part.get(shape)
+        return kind, url.get("url") if isinstance(url, dict) else url
+    return kind, next((part[key] for key in (kind, "url", "path") if part.get(key) is not None), None)
+
+
 def _value(part: dict, kind: str, where: str, allow_files: bool) -> Any:
     """What a media part holds, decoded from a URL or base64 where it is given so."""
-    kind_of_part = part["type"]
-    if kind_of_part == "input_audio":
-        body = part.get("input_audio")
-        if not isinstance(body, dict) or not isinstance(body.get("data"), str):
+    shape, (_, pointer) = part["type"], media_pointer(part)
+    if shape == "input_audio":
+        if not isinstance(pointer, dict) or not isinstance(pointer.get("data"), str):
             raise MediaError(f"{where}: input_audio must be {{'data': base64 audio, 'format': 'wav'}}")
-        if body.get("format", "wav") not in AUDIO_FORMATS:
-            raise MediaError(f"{where}: audio format {body.get('format')!r} is not supported; send one of "
+        if pointer.get("format", "wav") not in AUDIO_FORMATS:
+            raise MediaError(f"{where}: audio format {pointer.get('format')!r} is not supported; send one of "
                              f"{', '.join(AUDIO_FORMATS)}")
-        return _base64(body["data"], where)
-    if kind_of_part in ("image_url", "input_image"):
-        url = part.get(kind_of_part)
-        url = url.get("url") if isinstance(url, dict) else url
-        if not isinstance(url, str):
-            raise MediaError(f"{where}: {kind_of_part} must be {{'url': a data URL or a file}}")
-        return _from_url(url, where, allow_files)
-    for key in (kind, "url", "path"):
-        if part.get(key) is not None:
-            value = part[key]
-            return _from_url(value, where, allow_files) if isinstance(value, str) else value
-    raise MediaError(f"{where}: a {kind} part needs its content under {kind!r}")
+        return _base64(pointer["data"], where)
+    if shape in ("image_url", "input_image") and not isinstance(pointer, str):
+        raise MediaError(f"{where}: {shape} must be {{'url': a data URL or a file}}")
+    if pointer is None:
+        raise MediaError(f"{where}: a {kind} part needs its content under {kind!r}")
+    return _from_url(pointer, where, allow_files) if isinstance(pointer, str) else pointer
 
 
 def _from_url(url: str, where: str, allow_files: bool) -> Any:

@@ -57,6 +57,7 @@ class SharedKV:
 class TargetModel(Protocol):
     """The model whose output the loop reproduces exactly."""
 
+    model: Any  # its weights (an mlx.nn.Module): wired while it decodes
     vocab_size: int
     hidden_size: int
     context_length: int  # the positions it attends over: prompt and answer together

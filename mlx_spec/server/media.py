@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Dict, List
 
+from ..media.prompt import media_pointer
 from .schemas import APIError
 
 FETCH_TIMEOUT = 10.0  # seconds
@@ -30,22 +31,17 @@ def screen_media(messages: List[Dict[str, Any]], allow_files: bool, allow_fetch:
 
 
 def _screened(part: dict, where: str, allow_files: bool, allow_fetch: bool, max_bytes: int) -> dict:
-    kind = part.get("type")
-    if kind in ("image_url", "input_image"):
-        url = part.get(kind)
-        url = url.get("url") if isinstance(url, dict) else url
-    elif kind in ("image", "audio"):
-        url = part.get(kind, part.get("url", part.get("path")))
-    else:
+    pointer = media_pointer(part)
+    if pointer is None:
         return part
+    kind, url = pointer
     if not isinstance(url, str) or url.startswith("data:"):
         return part  # the engine checks its shape and decodes it
     if url.startswith(("http://", "https://")):
         if not allow_fetch:
             raise APIError(400, f"{where}: this server fetches no URLs (start it with --allow-fetch); send the "
                                 "content as a data URL", param=where, code="invalid_value")
-        return {"type": "audio" if kind == "audio" else "image", "audio" if kind == "audio" else "image":
-                fetch(url, where, max_bytes)}
+        return {"type": kind, kind: fetch(url, where, max_bytes)}
     if not allow_files:
         raise APIError(400, f"{where}: this server reads no local files (start it with --allow-files); send the "
                             "content as a data URL", param=where, code="invalid_value")
