@@ -30,7 +30,7 @@ class Options:
     # True: a max_tokens the context cannot hold is cut to what it leaves (a chat turn, a server
     # request that named no max_tokens); False: it is refused.
     fit_context: bool = False
-    image_tokens: Optional[int] = None  # soft tokens per image (70, 140, 280, 560, 1120); None: 280
+    image_tokens: Optional[int] = None  # soft tokens per image (70, 140, 280, 560, 1120); None: the processor's
     drafter: Any = field(default=None, compare=False)  # any object with draft(context, g)
 
     def __post_init__(self):

@@ -102,6 +102,36 @@ def family(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def torchvision_path(tmp_path_factory):
+    """A folder holding the torchvision release made for this torch (0.28 for 2.13), for
+    transformers' processors that need it to run with in a process of their own
+    (tests/unified_processor.py says why). Installed here, not with the test extra: in the
+    suite's own environment it would break every transformers import. Once per run, for every
+    module and worker."""
+    import subprocess
+    import sys
+
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    wanted = f"torchvision=={major - 2}.{minor + 15}.*"
+
+    def build(root):
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                              str(root / "site"), wanted], capture_output=True, text=True, timeout=600)
+        if pip.returncode == 0:
+            return {"site": root / "site"}
+        (root / "error.txt").write_text(pip.stderr.strip()[-300:])
+        return {"error": root / "error.txt"}
+
+    found = built_once(tmp_path_factory, "torchvision", build)
+    if "error" in found:
+        pytest.skip(f"{wanted} (transformers' processors' backend) could not be installed: "
+                    f"{found['error'].read_text()}")
+    return found["site"]
+
+
 # The modules that take longest, started first: with one module per worker at a time
 # (--dist loadfile), a long module collected last would run alone at the end of the run.
 LONGEST_FIRST = ("test_sampling.py", "test_bench.py", "test_chat.py", "test_compiled.py", "test_cli.py")

@@ -48,24 +48,6 @@ def test_image_patches_equal_transformers(size, budget):
     assert (expected["image_position_ids"][0, n:] == -1).all()  # the rest is transformers' padding
 
 
-@pytest.fixture(scope="module")
-def torchvision_path(tmp_path_factory):
-    """A folder holding the torchvision release made for this torch (0.28 for 2.13), for the
-    12B's processor to run with in a process of its own (tests/unified_processor.py says why).
-    Installed here, not with the test extra: in the suite's own environment it would break
-    every transformers import."""
-    import torch
-
-    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    wanted = f"torchvision=={major - 2}.{minor + 15}.*"
-    folder = tmp_path_factory.mktemp("torchvision")
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder), wanted],
-                         capture_output=True, text=True, timeout=600)
-    if pip.returncode != 0:
-        pytest.skip(f"{wanted} (the 12B processor's backend) could not be installed: {pip.stderr.strip()[-300:]}")
-    return folder
-
-
 def test_the_12b_patches_equal_transformers_torchvision_processor(torchvision_path, tmp_path):
     """The 12B's processor resizes with torchvision (torch's uint8 kernel, not Pillow's filter),
     rescales in float32 and merges 3 x 3 blocks of 16-pixel patches: the same array, bit for bit,

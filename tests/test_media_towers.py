@@ -121,6 +121,7 @@ def test_mlx_vlm_s_own_conversion_loads_with_the_same_media(pair, tmp_path):
     google = tmp_path / "google"
     shutil.copytree(pair[0], google)
     converted = tmp_path / "converted"
+    tiny.save_processor_config(google)
     convert(str(tiny.stated_head_size(google)), str(converted), quantize=True, q_group_size=64, q_bits=4)
     prompt = messages(IMAGE, SPEECH)
     original = load(str(google), None, force=True).prepare(prompt, image_tokens=IMAGE_TOKENS)[1]

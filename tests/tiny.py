@@ -320,6 +320,19 @@ def build_trained_target(folder: Path, examples, steps: int = 150, seed: int = 0
     return Path(folder)
 
 
+def save_processor_config(folder: Path) -> Path:
+    """A processor_config.json, in transformers' nested layout, whose image processor fits the
+    tiny towers' 4-pixel patches, as a real checkpoint's fits its towers. mlx-vlm's converter
+    writes the default processor's (16-pixel patches) where the source has none, which the tiny
+    vision tower cannot take."""
+    config = {"processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750,
+              "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens": 280,
+                                  "patch_size": _tiny_vision()["patch_size"], "pooling_kernel_size": 3},
+              "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor"}}
+    (Path(folder) / "processor_config.json").write_text(json.dumps(config, indent=2))
+    return Path(folder)
+
+
 def stated_head_size(folder: Path) -> Path:
     """transformers 5.24 saves a tiny config's full-layer head size as a per-layer override, which
     mlx-vlm 0.7.10 does not read (it falls back to 512); the published configs state

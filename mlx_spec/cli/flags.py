@@ -45,7 +45,7 @@ def model_options(f):
                      help="Tokens per answer."),
         click.option("--thinking", is_flag=True, help="Let the model think before it answers (shown dimmed)."),
         click.option("--image-tokens", type=click.Choice(["70", "140", "280", "560", "1120"]), default=None,
-                     help="Soft tokens per image [default: 280]."),
+                     help="Soft tokens per image [default: the checkpoint processor's, or 280]."),
     ]
     for option in reversed(options):
         f = option(f)

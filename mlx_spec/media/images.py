@@ -1,10 +1,12 @@
 """Images as Gemma 4's vision tower takes them, as transformers' PIL image processor
 (`Gemma4ImageProcessorPil`) makes them: RGB, resized with their aspect ratio kept to the
-largest size within the patch budget whose sides are multiples of a pooled patch, rescaled to
-[0, 1], and cut into patches with their (x, y) positions.
+largest size within the patch budget whose sides are multiples of a pooled patch, rescaled (by
+1/255: to [0, 1]), and cut into patches with their (x, y) positions.
 
 The budget is `max_soft_tokens` soft tokens per image (70, 140, 280, 560 or 1120; the
-checkpoints' default is 280); each soft token pools `pooling_kernel_size`² patches.
+checkpoints' default is 280); each soft token pools `pooling_kernel_size`² patches. A
+checkpoint's processor config may set the budget, the patch size, the pooling and the rescale
+factor (processor.py reads them).
 """
 
 import io
@@ -19,6 +21,7 @@ from ..errors import MediaError
 from .resize import bicubic_antialiased
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+RESCALE = 1 / 255  # the image processors' rescale_factor
 MAX_PIXELS = 64_000_000  # larger images are refused (the largest budget uses about 0.3 megapixels)
 
 
@@ -85,16 +88,18 @@ def target_size(height: int, width: int, patch_size: int, max_patches: int, pool
     return out_h, out_w
 
 
-def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooling_kernel_size: int = 3) -> ImagePatches:
+def image_patches(image, max_soft_tokens: int = 280, patch_size: int = 16, pooling_kernel_size: int = 3,
+                  rescale_factor: float = RESCALE) -> ImagePatches:
     """The patches of one image (see the module's docstring), without padding."""
-    pixels = resized_pixels(image, max_soft_tokens, patch_size, pooling_kernel_size)
+    pixels = resized_pixels(image, max_soft_tokens, patch_size, pooling_kernel_size, rescale_factor=rescale_factor)
     patches, positions = patchify(pixels, patch_size)
     return ImagePatches(patches, positions, len(patches) // pooling_kernel_size**2)
 
 
 def resized_pixels(image, max_soft_tokens: int, patch_size: int, pooling_kernel_size: int,
-                   backend: str = "pil") -> np.ndarray:
-    """The image in RGB, resized to the patch budget and rescaled to [0, 1]: [H, W, 3] float32.
+                   backend: str = "pil", rescale_factor: float = RESCALE) -> np.ndarray:
+    """The image in RGB, resized to the patch budget and rescaled by `rescale_factor` (1/255: to
+    [0, 1]): [H, W, 3] float32.
 
     `backend`: which of transformers' image processors to equal, as each size has them: "pil"
     (`Gemma4ImageProcessorPil`, E2B to 31B: Pillow's bicubic, rescaled in float64) or
@@ -110,11 +115,11 @@ def resized_pixels(image, max_soft_tokens: int, patch_size: int, pooling_kernel_
     if backend == "torchvision":
         pixels = np.asarray(image)
         pixels = bicubic_antialiased(pixels, height, width) if resized else pixels
-        return pixels.astype(np.float32) * np.float32(1 / 255)  # torch's uint8 tensor * scale
+        return pixels.astype(np.float32) * np.float32(rescale_factor)  # torch's uint8 tensor * scale
     if resized:
         image = image.resize((width, height), resample=Image.Resampling.BICUBIC)
     # Rescaled in float64 and stored as float32, as transformers' numpy rescale does.
-    return (np.asarray(image, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    return (np.asarray(image, dtype=np.float64) * rescale_factor).astype(np.float32)
 
 
 def patchify(pixels: np.ndarray, size: int) -> Tuple[np.ndarray, np.ndarray]:

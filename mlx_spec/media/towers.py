@@ -1,8 +1,10 @@
 """The media encoder of Gemma 4 E2B, E4B, 26B-A4B and 31B (`model_type` gemma4): a vision tower
 (`vision_tower.*`, `embed_vision.*`) and, on E2B and E4B, an audio tower (`audio_tower.*`,
-`embed_audio.*`). Items are made from the config alone; the towers' weights are read the first
-time an item is embedded (on the thread that runs the model), or by `load()`."""
+`embed_audio.*`). Items are made from the config and the processor files alone (processor.py);
+the towers' weights are read the first time an item is embedded (on the thread that runs the
+model), or by `load()`."""
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +14,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..errors import MediaError
-from .audio import MAX_SAMPLES, audio_features, audio_tokens, read_audio
+from .audio import MAX_SAMPLES, MEL, audio_features, audio_tokens, read_audio
 from .audio_tower import (
     CLIP_BOUNDS,
     AudioConfig,
@@ -23,6 +25,7 @@ from .audio_tower import (
 from .images import image_patches
 from .items import AUDIO, IMAGE, MediaItem
 from .layers import MultimodalEmbedder
+from .processor import TOWER_IMAGE_TYPES, image_settings, mel_settings, read_processor
 from .prompt import MediaTokens
 from .vision_tower import VisionTower, vision_config
 from .weights import load_media_module, read_media_weights
@@ -45,19 +48,26 @@ class Towers(nn.Module):
 
 
 class TowerMedia:
-    """Images as the image processor cuts them (`image_tokens` soft tokens at most, one per
-    k x k patches), embedded by the vision tower; audio as log-mel frames, embedded by the
-    audio tower (one soft token per 40 ms, at most 30 s)."""
+    """Images as the image processor cuts them (the checkpoint processor's budget of soft tokens
+    at most, or a request's, one per k x k patches), embedded by the vision tower; audio as
+    log-mel frames as the processor's extractor makes them, embedded by the audio tower (one soft
+    token per 40 ms with its default frames, at most 30 s)."""
 
-    def __init__(self, path: Path, config: dict, image_tokens: int = 280):
+    def __init__(self, path: Path, config: dict):
         self.path, self.config = path, config
         self.tokens = MediaTokens.from_config(config)
         vision = config.get("vision_config")
         self.vision = vision_config(vision) if vision is not None else None
         audio = config.get("audio_config")
         self.audio_config = AudioConfig.from_dict(audio) if audio is not None else None
-        self.image_tokens = image_tokens
-        self.can = {IMAGE: vision is not None, AUDIO: config.get("audio_config") is not None}
+        files = read_processor(path)
+        self.images = (image_settings(files, self.vision["patch_size"], self.vision["pooling_kernel_size"],
+                                      TOWER_IMAGE_TYPES) if vision is not None else None)
+        # The tower's projection is sized for its first convolution's channels / 4 mel columns
+        # after the two stride-2 convolutions: 128 bands for the released 128 channels.
+        self.mel = (mel_settings(files, self.audio_config.subsampling_conv_channels[0])
+                    if audio is not None else MEL)
+        self.can = {IMAGE: vision is not None, AUDIO: audio is not None}
         self._towers: Optional[Towers] = None
 
     @property
@@ -83,19 +93,28 @@ class TowerMedia:
         return self.vision["use_clipped_linears"]
 
     def image(self, source, image_tokens: Optional[int] = None) -> MediaItem:
-        patches = image_patches(source, image_tokens or self.image_tokens, self.vision["patch_size"],
-                                self.vision["pooling_kernel_size"])
+        """`image_tokens`: a request's budget, which wins over the processor's."""
+        s = self.images
+        patches = image_patches(source, image_tokens or s.max_soft_tokens, s.patch_size, s.pooling_kernel_size,
+                                s.rescale_factor)
         if patches.positions.max() >= self.vision["position_embedding_size"]:
             raise MediaError(f"the image is {patches.positions.max() + 1} patches long on one side; the vision tower "
                              f"has positions for {self.vision['position_embedding_size']}")
         return MediaItem.of(IMAGE, patches.soft_tokens, patches.pixels, patches.positions.astype(np.int32))
 
     def audio(self, source) -> MediaItem:
-        samples = read_audio(source)[:MAX_SAMPLES]
-        features = audio_features(samples)
-        tokens = audio_tokens(samples.size)
+        samples = read_audio(source, self.mel.sampling_rate)[:MAX_SAMPLES]
+        features = audio_features(samples, self.mel)
+        # Every soft token the tower makes, as transformers' processor writes them: its
+        # audio_seq_length caps only the count it gives vLLM, so a clip past it is refused here
+        # rather than cut short in the prompt and not in the tower (by default 30 s, the longest
+        # clip, makes 750, the cap).
+        tokens = audio_tokens(samples.size, replace(self.mel, max_tokens=MAX_SAMPLES))
         if tokens == 0:
             raise MediaError(f"the audio is too short for one soft token: {samples.size} samples")
+        if tokens > self.mel.max_tokens:
+            raise MediaError(f"the audio makes {tokens} soft tokens, more than the processor's audio_seq_length "
+                             f"{self.mel.max_tokens}; cut it shorter")
         return MediaItem.of(AUDIO, tokens, features.features, features.mask)
 
     def embed(self, item: MediaItem) -> mx.array:

@@ -22,6 +22,7 @@ from .audio import read_audio
 from .images import patchify, resized_pixels
 from .items import AUDIO, IMAGE, MediaItem
 from .layers import MultimodalEmbedder
+from .processor import UNIFIED_IMAGE_TYPES, image_settings, read_processor, wave_settings
 from .prompt import MediaTokens
 from .weights import load_media_module, read_media_weights
 
@@ -87,23 +88,24 @@ def load_unified_embedders(path: Path, config: dict) -> UnifiedEmbedders:
 
 
 class UnifiedMedia:
-    """The 12B's media encoder: items from images and audio (from the config alone), their
-    embeddings at prefill (the weights are read then).
+    """The 12B's media encoder: items from images and audio (from the config and the processor
+    files alone: processor.py), their embeddings at prefill (the weights are read then).
 
-    An image is resized to the patch budget as Gemma 4's processor does, then cut into patches of
-    `pooling_kernel_size` · `patch_size` pixels: transformers' unified processor cuts 16-pixel
-    patches and merges each k x k block of them into one, pixel rows in order, which is the same
-    array. Each merged patch is one soft token. Audio is cut into frames of `audio_embed_dim`
-    samples (the last one padded with zeros), one soft token each."""
+    An image is resized to the patch budget (the processor's, or a request's) as Gemma 4's
+    processor does, then cut into patches of `pooling_kernel_size` · `patch_size` pixels:
+    transformers' unified processor cuts 16-pixel patches and merges each k x k block of them
+    into one, pixel rows in order, which is the same array. Each merged patch is one soft token.
+    Audio is cut into frames of `audio_embed_dim` samples (the extractor's
+    audio_samples_per_token; the last one padded with zeros), one soft token each."""
 
-    def __init__(self, path: Path, config: dict, image_tokens: int = 280):
+    def __init__(self, path: Path, config: dict):
         self.path, self.config = path, config
         self.tokens = MediaTokens.from_config(config)
         vision, audio = config.get("vision_config") or {}, config.get("audio_config") or {}
-        self.patch_size = vision.get("patch_size", 16)
-        self.pooling = vision.get("pooling_kernel_size", 3)
-        self.frame = audio.get("audio_embed_dim", 640)
-        self.image_tokens = image_tokens
+        files = read_processor(path)
+        self.images = image_settings(files, vision.get("patch_size", 16), vision.get("pooling_kernel_size", 3),
+                                     UNIFIED_IMAGE_TYPES) if vision else None
+        self.wave = wave_settings(files, audio.get("audio_embed_dim", 640)) if audio else None
         self.can = {IMAGE: bool(vision), AUDIO: bool(audio)}
         self._embedders: Optional[UnifiedEmbedders] = None
 
@@ -120,19 +122,23 @@ class UnifiedMedia:
             self._embedders = load_unified_embedders(self.path, self.config)
 
     def image(self, source, image_tokens: Optional[int] = None) -> MediaItem:
-        pixels = resized_pixels(source, image_tokens or self.image_tokens, self.patch_size, self.pooling, backend="torchvision")
-        patches, positions = patchify(pixels, self.patch_size * self.pooling)
+        """`image_tokens`: a request's budget, which wins over the processor's."""
+        s = self.images
+        pixels = resized_pixels(source, image_tokens or s.max_soft_tokens, s.patch_size, s.pooling_kernel_size,
+                                backend="torchvision", rescale_factor=s.rescale_factor)
+        patches, positions = patchify(pixels, s.patch_size * s.pooling_kernel_size)
         return MediaItem.of(IMAGE, len(patches), patches, positions.astype(np.int32))
 
     def audio(self, source) -> MediaItem:
-        samples = read_audio(source)
+        samples = read_audio(source, self.wave.sampling_rate)
         if samples.size == 0:
             raise MediaError("the audio is empty")
         if not np.isfinite(samples).all():
             raise MediaError("the audio has samples that are not finite numbers")
-        frames = np.zeros(-(-samples.size // self.frame) * self.frame, np.float32)
+        frame = self.wave.samples_per_token
+        frames = np.zeros(-(-samples.size // frame) * frame, np.float32)
         frames[: samples.size] = samples
-        frames = frames.reshape(-1, self.frame)
+        frames = frames.reshape(-1, frame)
         return MediaItem.of(AUDIO, len(frames), frames)
 
     def embed(self, item: MediaItem) -> mx.array:
