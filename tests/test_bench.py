@@ -512,3 +512,28 @@ def test_our_runs_are_timed_from_their_first_cycle(checkpoints, monkeypatch):
     assert run["tokens"] == reference[len(prompt):]
     (count, batches), = seen
     assert count == 20 and batches[:8] == [batches[0]] * 7 + [batches[0] + 1]
+
+
+def test_runs_resumed_from_the_prompt_s_sequence_give_the_tokens_of_fresh_ones(checkpoints):
+    """A table's runs share one prefill of each prompt (bench/prefills.py): past the sliding
+    window, greedy and seeded, MTP on and off, each resumed run gives a fresh run's tokens, and
+    only the prompt's last token goes through the target again."""
+    from mlx_spec import load
+    from mlx_spec.bench import runs
+    from mlx_spec.bench.prefills import Prefills
+
+    engine = load(str(checkpoints["text"]), str(checkpoints["assistant"])).with_stop_tokens([])
+    prompt = [(7 * i) % (tiny.VOCAB - 1) + 1 for i in range(3 * tiny.WINDOW)]
+    prefills = Prefills(engine)
+    for sampling in ("greedy", "gemma"):
+        settings = runs.SAMPLING[sampling]
+        for kwargs in (dict(mtp=False), dict(draft_tokens=4), {}):
+            fresh = runs.run_ours(engine, prompt, settings, 40, **kwargs)
+            resumed = [runs.run_ours(engine, prompt, settings, 40, prefills=prefills, **kwargs) for _ in range(2)]
+            assert resumed[0]["tokens"] == resumed[1]["tokens"] == fresh["tokens"], (sampling, kwargs)
+    (state,) = prefills.sequences.values()
+    assert state.tokens[: len(prompt)] == prompt
+    decoder = engine.decoder(mtp=False)
+    with prefills.sequence(decoder, prompt):
+        pass
+    assert decoder.stats.prompt_tokens == 1 and decoder.stats.prompt_reused == len(prompt) - 2

@@ -15,7 +15,9 @@ wall time (1.0: the device never waited for the host).
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
 from .peers import open_peer
+from .prefills import Prefills
 from .runs import (
+    QUICK_WORKLOADS,
     SAMPLING,
     TEMPLATE,
     agreement,
@@ -41,7 +43,9 @@ def main(argv=None):
     parser.add_argument("--sampling", default="gemma,greedy", help="comma separated: gemma, greedy")
     parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
     parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
-    args = parse(parser, argv, quick=dict(max_tokens=32))
+    # Quick: short runs of three workloads with short prompts (each prompt's prefill, ours and
+    # mlx-lm's, is most of a workload's time on a slow device).
+    args = parse(parser, argv, quick=dict(max_tokens=12, workloads=QUICK_WORKLOADS))
     engine = build_engine(args)
     info = machine()
     names = args.workloads.split(",") if args.workloads else None
@@ -52,16 +56,18 @@ def main(argv=None):
     if why_not:
         print(f"{why_not}\n")
         results["mlx_vlm"] = why_not
+    prefills = Prefills(engine)
     progress = Progress("acceptance", len(chosen) * len(args.sampling.split(",")))
     for sampling in args.sampling.split(","):
         settings = SAMPLING[sampling]
         rows = []
         for name, prompt, max_tokens in chosen:
             max_tokens = min(max_tokens, args.max_tokens or max_tokens)
-            warm_up(engine, prompt, settings)
-            off = run_ours(engine, prompt, settings, max_tokens, mtp=False)
-            on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False)  # the seed's setup
-            default = run_ours(engine, prompt, settings, max_tokens)  # adaptive g, lookup + MTP
+            warm_up(engine, prompt, settings, prefills=prefills)
+            off = run_ours(engine, prompt, settings, max_tokens, mtp=False, prefills=prefills)
+            on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False,  # the seed's setup
+                          prefills=prefills)
+            default = run_ours(engine, prompt, settings, max_tokens, prefills=prefills)  # adaptive g, lookup + MTP
             anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
             vlm = peer.run(prompt, settings, max_tokens) if peer else None
             vlm_same = _changed(engine, prompt, off["tokens"], [vlm["tokens"]], sampling, peer=True) if vlm else None
@@ -74,7 +80,7 @@ def main(argv=None):
             # the common length then, and the column says so.
             like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
             speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
-            efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter)
+            efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter, prefills=prefills)
             seed = SEED.get(name, ("", "", ""))
             rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
                          f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
+from .prefills import Prefills, prompt_sequence
 from .runs import (
     SAMPLING,
     ControlledDrafter,
@@ -31,7 +32,8 @@ from .runs import (
     warm_up,
 )
 
-ACCEPTANCE = [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
+ACCEPTANCE = "0,0.3,0.5,0.7,0.9,1"
+FIXED_LENGTHS = "1,2,3,4,5,6,7,8"  # the fixed g the adaptive length is set against at a = 1
 
 
 @dataclass
@@ -45,18 +47,19 @@ class Setup:
     reference: list  # the prompt and MTP off's continuation: the guesses the controlled drafter breaks
     off_tokens: list
     g: int
+    prefills: Prefills
     greedy: object = SAMPLING["greedy"]
 
     def controlled(self, a, draft_tokens, inner="mtp"):
         inner = self.engine.mtp_drafter if inner == "mtp" else inner
         drafter = ControlledDrafter(inner, self.reference, self.engine.target.vocab_size, a)
         run = run_ours(self.engine, self.prompt, self.greedy, self.args.max_tokens, drafter=drafter,
-                       draft_tokens=draft_tokens)
+                       draft_tokens=draft_tokens, prefills=self.prefills)
         assert run["tokens"] == self.off_tokens, "controlled drafting changed the output"
         return run
 
     def mtp_off(self):
-        return run_ours(self.engine, self.prompt, self.greedy, self.args.max_tokens, mtp=False)
+        return run_ours(self.engine, self.prompt, self.greedy, self.args.max_tokens, mtp=False, prefills=self.prefills)
 
     def mlx_lm(self):
         return run_mlx_lm(self.engine, self.prompt, self.greedy, self.args.max_tokens, stop=False)
@@ -70,7 +73,15 @@ def main(argv=None):
     parser.add_argument("--trials", type=int, default=7, help="interleaved rounds for the bars")
     parser.add_argument("--best-of", type=int, default=1,
                         help="runs of each configuration in a round, of which the round takes the fastest [1]")
-    args = parse(parser, argv, quick=dict(prompt_tokens=128, max_tokens=64, trials=3))
+    parser.add_argument("--acceptance", default=ACCEPTANCE, help=f"the sweep's acceptances, comma separated [{ACCEPTANCE}]")
+    parser.add_argument("--fixed-lengths", default=FIXED_LENGTHS,
+                        help=f"fixed g timed at a = 1 for the bars, comma separated [{FIXED_LENGTHS}]")
+    # Quick: one round, shorter runs, three acceptances and every other fixed length (a few
+    # minutes on MLX's CPU backend, where a cycle of the small shape takes a quarter second).
+    args = parse(parser, argv, quick=dict(prompt_tokens=64, max_tokens=24, trials=1, acceptance="0,0.5,1",
+                                          fixed_lengths="2,4,6,8"))
+    args.acceptance = [float(a) for a in args.acceptance.split(",")]
+    args.fixed_lengths = sorted({int(n) for n in args.fixed_lengths.split(",")})
     if args.trials < 1 or args.best_of < 1:
         raise SystemExit("--trials and --best-of must be at least 1")
     # The reference continuation runs the full length: stop tokens would end it (and every
@@ -83,12 +94,13 @@ def main(argv=None):
     import numpy as np
 
     prompt = np.random.default_rng(0).integers(0, engine.target.vocab_size, args.prompt_tokens).tolist()
-    warm_up(engine, prompt, greedy)
-    one_ms, ratios = cost_ratios(engine, prompt, [0, g], args.repeats)
+    prefills = Prefills(engine)
+    warm_up(engine, prompt, greedy, prefills=prefills)
+    one_ms, ratios = cost_ratios(engine, prompt, [0, g], args.repeats, prefills)
     r, c = ratios[g]["R"], ratios[g]["C"]
     anchor = run_mlx_lm(engine, prompt, greedy, args.max_tokens, stop=False)
-    off = run_ours(engine, prompt, greedy, args.max_tokens, mtp=False)
-    setup = Setup(args, engine, prompt, prompt + off["tokens"], off["tokens"], g)
+    off = run_ours(engine, prompt, greedy, args.max_tokens, mtp=False, prefills=prefills)
+    setup = Setup(args, engine, prompt, prompt + off["tokens"], off["tokens"], g, prefills)
     results = {"machine": info, "models": describe_models(args), "g": g, "prompt_tokens": len(prompt),
                "max_tokens": args.max_tokens, "one_position_ms": one_ms, "R": r, "C": c,
                "mlx_lm_tps": anchor["tps"], "mtp_off_tps": off["tps"], "sweep": []}
@@ -97,7 +109,7 @@ def main(argv=None):
     print(markdown(["", "tok/s", "ratio"], [["mlx-lm " + anchor["how"], f"{anchor['tps']:.1f}", "1.00"],
                                              ["ours, MTP off", f"{off['tps']:.1f}", f"{off['tps'] / anchor['tps']:.2f}"]]))
     print()
-    progress = Progress("controlled", len(ACCEPTANCE) + args.trials)
+    progress = Progress("controlled", len(args.acceptance) + args.trials)
     results["sweep"] = sweep(setup, r + c, progress)
     results.update(bars(setup, results["sweep"], progress))
     print(f"\nJSON: {write_json('controlled', args, results)}")
@@ -106,7 +118,7 @@ def main(argv=None):
 def sweep(setup: Setup, cost: float, progress) -> list:
     """g = `setup.g` and the adaptive length at each acceptance, beside MTP off: one row each."""
     g, entries, rows = setup.g, [], []
-    for a in ACCEPTANCE:
+    for a in setup.args.acceptance:
         # Each acceptance's speed-ups are over an MTP off run measured beside it, not over the
         # one above: on a shared machine the speed drifts by a quarter within minutes.
         beside = setup.mtp_off()
@@ -155,17 +167,18 @@ def bars(setup: Setup, sweep_entries: list, progress) -> dict:
         "MTP off": setup.mtp_off,
         "adaptive, a = 0": lambda: setup.controlled(0.0, None),
         f"g = {g}, a = 0": lambda: setup.controlled(0.0, g),
-        **{f"g = {n}, a = 1": (lambda n=n: setup.controlled(1.0, n)) for n in sorted({*range(1, 9), g})},
+        **{f"g = {n}, a = 1": (lambda n=n: setup.controlled(1.0, n)) for n in sorted({*args.fixed_lengths, g})},
         "adaptive, a = 1": lambda: setup.controlled(1.0, None),
         "copy (free guesses), adaptive": lambda: setup.controlled(1.0, None, inner=None),
     }
 
     def alone_ms():
         drafter = ControlledDrafter(engine.mtp_drafter, setup.reference, engine.target.vocab_size, 1.0)
-        return device_ms(engine, setup.prompt, drafter, g)
+        with prompt_sequence(engine, engine.decoder(mtp=False), setup.prompt, prefills=setup.prefills) as state:
+            return device_ms(engine, state, drafter, g)
 
     def round_cost():
-        _, ratios = cost_ratios(engine, setup.prompt, [g], repeats=5)
+        _, ratios = cost_ratios(engine, setup.prompt, [g], repeats=5, prefills=setup.prefills)
         return ratios[g]["R"] + ratios[g]["C"]
 
     runs, efficiency, costs = interleaved_rounds(configs, args.trials, args.best_of, f"g = {g}, a = 1", alone_ms,
@@ -174,7 +187,7 @@ def bars(setup: Setup, sweep_entries: list, progress) -> dict:
     tps = {name: statistics.median(values) for name, values in trials.items()}
     loop = sorted(efficiency, key=lambda e: e["efficiency"])[len(efficiency) // 2]
     print_loop_efficiency(loop, g)
-    best = max(range(1, 9), key=lambda n: tps[f"g = {n}, a = 1"])
+    best = max(args.fixed_lengths, key=lambda n: tps[f"g = {n}, a = 1"])
     print(f"\nMedian of {args.trials} interleaved rounds, each the fastest of {args.best_of} run(s) (tok/s; the bars below "
           "take the median of each round's ratio):\n")
     print(markdown(["run", "tok/s", "rounds"], [[n, f"{t:.1f}", ", ".join(f"{v:.1f}" for v in trials[n])] for n, t in tps.items()]))

@@ -9,7 +9,9 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
+from .prefills import Prefills
 from .runs import (
+    QUICK_WORKLOADS,
     SAMPLING,
     TEMPLATE,
     cost_ratios,
@@ -24,31 +26,33 @@ def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench draft-length")
     parser.add_argument("--sampling", default="greedy", choices=sorted(SAMPLING))
     parser.add_argument("--max-g", type=int, default=8)
+    parser.add_argument("--lengths", default=None, help="the g measured, comma separated [0 to --max-g]")
     parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
     parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
-    args = parse(parser, argv, quick=dict(max_tokens=32))
+    args = parse(parser, argv, quick=dict(max_tokens=12, workloads=QUICK_WORKLOADS, lengths="0,1,2,4,6,8"))
     engine = build_engine(args)
     info = machine()
     settings = SAMPLING[args.sampling]
-    lengths = list(range(args.max_g + 1))
+    lengths = sorted({int(g) for g in args.lengths.split(",")}) if args.lengths else list(range(args.max_g + 1))
     results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, **TEMPLATE, "workloads": []}
     print(header("Draft length", info, {"sampling": args.sampling, **results["models"], **TEMPLATE}))
     names = args.workloads.split(",") if args.workloads else None
     chosen = workloads(engine, names)
+    prefills = Prefills(engine)
     progress = Progress("draft-length", len(chosen) * len(lengths))
     for name, prompt, max_tokens in chosen:
         max_tokens = min(max_tokens, args.max_tokens or max_tokens)
-        warm_up(engine, prompt, settings)
-        one_ms, ratios = cost_ratios(engine, prompt, lengths, args.repeats)
+        warm_up(engine, prompt, settings, prefills=prefills)
+        one_ms, ratios = cost_ratios(engine, prompt, lengths, args.repeats, prefills)
         rows, entries, base = [], [], None
         for g in lengths:
-            run = run_ours(engine, prompt, settings, max_tokens, mtp=g > 0, draft_tokens=g)
+            run = run_ours(engine, prompt, settings, max_tokens, mtp=g > 0, draft_tokens=g, prefills=prefills)
             progress.step(f"{name}, g = {g}")
             base = base or run["tps"]
             r, c = ratios[g]["R"], ratios[g]["C"]
             predicted = run["tokens_per_cycle"] / (r + c)
             acceptance = run["kept"] / run["drafted"] if run["drafted"] else 0.0
-            efficiency = loop_efficiency(engine, prompt, run, engine.mtp_drafter)
+            efficiency = loop_efficiency(engine, prompt, run, engine.mtp_drafter, prefills=prefills)
             entry = {"g": g, "tps": run["tps"], "acceptance": acceptance, "tokens_per_cycle": run["tokens_per_cycle"],
                      "R": r, "C": c, "predicted_speedup": predicted, "measured_speedup": run["tps"] / base if base else 0.0,
                      "loop_efficiency": efficiency}

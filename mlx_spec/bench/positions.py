@@ -64,7 +64,7 @@ def time_drafter(engine, state: SequenceState, g: int, repeats: int) -> float:
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench positions")
     parser.add_argument("--contexts", default="128,1024,4096", help="context lengths, comma separated")
-    args = parse(parser, argv, quick=dict(contexts="128,1024"))
+    args = parse(parser, argv, quick=dict(contexts="128,512"))
     engine = build_engine(args)
     info = machine()
     weight_bytes = weight_bytes_per_pass(engine.target)

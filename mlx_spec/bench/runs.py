@@ -22,9 +22,12 @@ from ..drafting import Draft, DraftContext, Drafter
 from ..drafting.pieces import run_through
 from ..models.cache import trim_cache
 from ..sampling.settings import SamplingSettings
+from .prefills import prompt_sequence
 
 WORKLOADS = Path(__file__).parent / "workloads.json"
 SAMPLING = {"greedy": SamplingSettings.named("greedy"), "gemma": SamplingSettings.named("gemma")}
+# The workloads a --quick run measures: those with the shortest prompts.
+QUICK_WORKLOADS = "tool call,English code,long Chinese text"
 # The seed measured without thinking; the prompts are rendered so, and the tables say it.
 TEMPLATE = {"chat template": "thinking off, as the seed measured"}
 
@@ -56,23 +59,23 @@ def rate(times, batches=None) -> float:
 
 
 def run_ours(engine, prompt, settings: SamplingSettings, max_tokens, mtp=None, draft_tokens=None, drafter=None,
-             lookup=True, report=False, spans=()):
+             lookup=True, report=False, spans=(), prefills=None):
     """mlx-spec: by default as users get it (adaptive draft length, lookup + MTP). `spans`: the
-    prompt's images and audio (`engine.prepare`)."""
+    prompt's images and audio (`engine.prepare`). `prefills`: resume the prompt's sequence
+    (prefills.py) instead of putting the whole prompt through the target again."""
     decoder = engine.decoder(
         temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed or 0,
         mtp=mtp, draft_tokens=draft_tokens, drafter=drafter, lookup=lookup, report=report,
     )
-    state = SequenceState(engine.target)
-    decoder.add_tokens(state, prompt, spans)
-    stream = decoder.generate(state, max_tokens)
-    if engine.tokenizer is not None:
-        stream = engine.text.with_text(stream)  # detokenize, as stream_generate does
     tokens, times, cycles = [], [], []
-    for report_ in stream:
-        tokens.append(report_.token)
-        times.append(time.perf_counter())
-        cycles.append(report_.cycle)
+    with prompt_sequence(engine, decoder, prompt, spans, prefills) as state:
+        stream = decoder.generate(state, max_tokens)
+        if engine.tokenizer is not None:
+            stream = engine.text.with_text(stream)  # detokenize, as stream_generate does
+        for report_ in stream:
+            tokens.append(report_.token)
+            times.append(time.perf_counter())
+            cycles.append(report_.cycle)
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times, cycles), "drafted": s.drafted, "kept": s.kept, "cycles": s.cycles,
             "prebuilt_share": s.prebuilt_share, "exposed_host_ms": s.exposed_host_ms, "waited_ms": s.waited_ms,
@@ -108,11 +111,11 @@ def run_mlx_lm(engine, prompt, settings: SamplingSettings, max_tokens, stop=True
     return {"tokens": tokens, "tps": rate(times), "how": how}
 
 
-def warm_up(engine, prompt, settings: SamplingSettings, drafter=None) -> None:
+def warm_up(engine, prompt, settings: SamplingSettings, drafter=None, prefills=None) -> None:
     """One short untimed run of each path, so first-call costs stay out of the figures."""
     run_mlx_lm(engine, prompt, settings, 8)
-    run_ours(engine, prompt, settings, 8, mtp=False)
-    run_ours(engine, prompt, settings, 8, drafter=drafter, draft_tokens=6)
+    run_ours(engine, prompt, settings, 8, mtp=False, prefills=prefills)
+    run_ours(engine, prompt, settings, 8, drafter=drafter, draft_tokens=6, prefills=prefills)
 
 
 class ControlledDrafter(Drafter):
@@ -153,16 +156,18 @@ class ControlledDrafter(Drafter):
         return mx.where(mx.array(keep), right, (right + 1) % self.vocab_size).astype(mx.int32)
 
 
-def cost_ratios(engine, prompt, draft_lengths, repeats=5):
+def cost_ratios(engine, prompt, draft_lengths, repeats=5, prefills=None):
     """R_g = time(pass over g + 1 positions) / time(1 position) and C_g = time(g draft steps) /
     time(1 position), measured on the workload's own context. Each ratio is the median over
     `repeats` of a pass over one position and the other timed right after it: on a shared
     machine the speed drifts between measurements taken apart. Returns (one position's median
     ms, {g: {"R", "C"}})."""
-    from .common import median_ms
+    with prompt_sequence(engine, engine.decoder(mtp=False), prompt, prefills=prefills) as state:
+        return _cost_ratios(engine, state, prompt, draft_lengths, repeats)
 
-    state = SequenceState(engine.target)
-    engine.decoder(mtp=False).add_tokens(state, prompt)
+
+def _cost_ratios(engine, state, prompt, draft_lengths, repeats):
+    from .common import median_ms
 
     def target(n):
         tokens = mx.array([prompt[-n:]])
@@ -200,15 +205,14 @@ def expected_tokens(acceptance: float, g: int) -> float:
     return float(sum(acceptance**i for i in range(g + 1)))
 
 
-def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
-    """The device time of one cycle measured alone: the cycle's graph is built first, then only
-    its evaluation is timed (the caches are cut back after each)."""
+def device_ms(engine, state: SequenceState, drafter, g: int, repeats: int = 5) -> float:
+    """The device time of one cycle measured alone on `state`'s context: the
+    cycle's graph is built first, then only its evaluation is timed (the caches are cut back
+    after each)."""
     from ..decoding.cycle import CycleBuilder, Start
     from ..sampling.uniforms import uniform_streams
     from .common import median_ms
 
-    state = SequenceState(engine.target)
-    engine.decoder(mtp=False).add_tokens(state, prompt)
     builder = CycleBuilder(engine.target, SAMPLING["greedy"], uniform_streams(0), True)
     times = []
     for _ in range(repeats + 2):
@@ -218,10 +222,12 @@ def device_ms(engine, prompt, drafter, g: int, repeats: int = 5) -> float:
     return sorted(times[2:])[len(times[2:]) // 2]
 
 
-def loop_efficiency(engine, prompt, run: dict, drafter, repeats: int = 3) -> float:
+def loop_efficiency(engine, prompt, run: dict, drafter, repeats: int = 3, prefills=None) -> float:
     """The device time of a run's cycles, each measured alone for its g (`device_ms`), over the
     run's wall time: 1.0 when the device never waits for the host."""
-    alone = sum(n * device_ms(engine, prompt, drafter if g else None, g, repeats) for g, n in run["cycles_by_g"].items())
+    with prompt_sequence(engine, engine.decoder(mtp=False), prompt, prefills=prefills) as state:
+        alone = sum(n * device_ms(engine, state, drafter if g else None, g, repeats)
+                    for g, n in run["cycles_by_g"].items())
     return alone / (run["ms_per_cycle"] * run["cycles"]) if run["cycles"] else 0.0
 
 

@@ -28,7 +28,8 @@ class MediaSide:
         with self._lock:
             if self._encoder is None:
                 if self._load_encoder is None or self.path is None:
-                    raise MediaError(f"{self.path}: this model takes no image or audio input")
+                    where = self.path or "this model (made in memory, with no checkpoint)"
+                    raise MediaError(f"{where}: this model takes no image or audio input")
                 self._encoder = self._load_encoder(self.path, self.config)
             return self._encoder
 
