@@ -62,37 +62,10 @@ def main(argv=None):
         settings = SAMPLING[sampling]
         rows = []
         for name, prompt, max_tokens in chosen:
-            max_tokens = min(max_tokens, args.max_tokens or max_tokens)
-            warm_up(engine, prompt, settings, prefills=prefills)
-            off = run_ours(engine, prompt, settings, max_tokens, mtp=False, prefills=prefills)
-            on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False,  # the seed's setup
-                          prefills=prefills)
-            default = run_ours(engine, prompt, settings, max_tokens, prefills=prefills)  # adaptive g, lookup + MTP
-            anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
-            vlm = peer.run(prompt, settings, max_tokens) if peer else None
-            vlm_same = _changed(engine, prompt, off["tokens"], [vlm["tokens"]], sampling, peer=True) if vlm else None
-            kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
-            # Exactness: with the same seed, drafting must not change a single token (greedy or
-            # sampled). mlx-lm is shown for reference only: its greedy takes the argmax of
-            # log-probs rounded to the model's dtype, which in bf16 can flip near-ties.
-            same = _changed(engine, prompt, off["tokens"], [on["tokens"], default["tokens"]], sampling)
-            # mlx-lm stops at its tokenizer's end tokens, which may not be ours: compared over
-            # the common length then, and the column says so.
-            like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
-            speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
-            efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter, prefills=prefills)
-            seed = SEED.get(name, ("", "", ""))
-            rows.append([name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
-                         f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",
-                         f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm,
-                         *_peer_columns(on, default, vlm, vlm_same), *seed])
-            strip = lambda r: {k: v for k, v in r.items() if k != "tokens"}  # noqa: E731
-            results["runs"].append({"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
-                                    "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
-                                    "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
-                                    "loop_efficiency": efficiency,
-                                    "same_tokens": same, "same_as_mlx_lm": like_mlx_lm,
-                                    **({"mlx_vlm": {**strip(vlm), "same_tokens": vlm_same}} if vlm else {})})
+            row, entry = measure(engine, name, prompt, min(max_tokens, args.max_tokens or max_tokens), sampling,
+                                 prefills, peer)
+            rows.append(row)
+            results["runs"].append(entry)
             progress.step(f"{name}, {sampling}")
         print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
         print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP (g=6) tok/s",
@@ -101,6 +74,42 @@ def main(argv=None):
                         "mlx-spec default / mlx-vlm", "mlx-vlm = off", "seed off", "seed on", "seed kept"], rows))
         print()
     print(f"JSON: {write_json('acceptance', args, results)}")
+
+
+def measure(engine, name, prompt, max_tokens, sampling, prefills, peer):
+    """One workload at one sampling: MTP off, on (g = 6), the default, mlx-lm and mlx-vlm,
+    with the checks on their tokens; its table row and JSON entry."""
+    settings = SAMPLING[sampling]
+    warm_up(engine, prompt, settings, prefills=prefills)
+    off = run_ours(engine, prompt, settings, max_tokens, mtp=False, prefills=prefills)
+    on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False,  # the seed's setup
+                  prefills=prefills)
+    default = run_ours(engine, prompt, settings, max_tokens, prefills=prefills)  # adaptive g, lookup + MTP
+    anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
+    vlm = peer.run(prompt, settings, max_tokens) if peer else None
+    vlm_same = _changed(engine, prompt, off["tokens"], [vlm["tokens"]], sampling, peer=True) if vlm else None
+    kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
+    # Exactness: with the same seed, drafting must not change a single token (greedy or
+    # sampled). mlx-lm is shown for reference only: its greedy takes the argmax of
+    # log-probs rounded to the model's dtype, which in bf16 can flip near-ties.
+    same = _changed(engine, prompt, off["tokens"], [on["tokens"], default["tokens"]], sampling)
+    # mlx-lm stops at its tokenizer's end tokens, which may not be ours: compared over
+    # the common length then, and the column says so.
+    like_mlx_lm = "-" if sampling != "greedy" else agreement(off["tokens"], anchor["tokens"])
+    speedup = on["tps"] / off["tps"] if off["tps"] else 0.0
+    efficiency = loop_efficiency(engine, prompt, on, engine.mtp_drafter, prefills=prefills)
+    seed = SEED.get(name, ("", "", ""))
+    row = [name, len(prompt), len(on["tokens"]), f"{anchor['tps']:.1f}", f"{off['tps']:.1f}",
+           f"{on['tps']:.1f}", kept, f"{speedup:.2f}x", f"{efficiency:.2f}", f"{default['tps']:.1f}",
+           f"{default['tps'] / off['tps'] if off['tps'] else 0:.2f}x", same, like_mlx_lm,
+           *_peer_columns(on, default, vlm, vlm_same), *seed]
+    strip = lambda r: {k: v for k, v in r.items() if k != "tokens"}  # noqa: E731
+    entry = {"workload": name, "sampling": sampling, "prompt_tokens": len(prompt),
+             "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
+             "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
+             "loop_efficiency": efficiency, "same_tokens": same, "same_as_mlx_lm": like_mlx_lm,
+             **({"mlx_vlm": {**strip(vlm), "same_tokens": vlm_same}} if vlm else {})}
+    return row, entry
 
 
 def _changed(engine, prompt, off, others, sampling, peer=False) -> str:

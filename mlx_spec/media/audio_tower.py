@@ -14,8 +14,6 @@ channels-last layout. As in transformers, it computes in its weights' dtype (flo
 float32 compute), with norms and the attention in float32.
 """
 
-import math
-from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import mlx.core as mx
@@ -24,6 +22,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import AudioWeightsError
+from .audio_attention import ChunkedAttention, attention_mask, clamp, relative_positions
+from .audio_config import AudioConfig
 from .layers import ClippableLinear, MultimodalEmbedder, RMSNorm
 
 TOWER, EMBEDDER = "model.audio_tower.", "model.embed_audio."
@@ -33,48 +33,6 @@ ACTIVATIONS = {"silu": nn.silu, "swish": nn.silu, "gelu": nn.gelu, "gelu_pytorch
 DEFAULT_NORM_EPS = 1e-6  # Gemma4RMSNorm's own default, which some of the tower's norms keep
 
 
-
-
-@dataclass(frozen=True)
-class AudioConfig:
-    """A checkpoint's `audio_config`, with transformers' defaults (`Gemma4AudioConfig`)."""
-
-    hidden_size: int = 1024
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 8
-    hidden_act: str = "silu"
-    subsampling_conv_channels: Sequence[int] = (128, 32)
-    conv_kernel_size: int = 5
-    residual_weight: float = 0.5
-    attention_chunk_size: int = 12
-    attention_context_left: int = 13
-    attention_context_right: int = 0
-    attention_logit_cap: float = 50.0
-    attention_invalid_logits_value: float = -1.0e9
-    use_clipped_linears: bool = True
-    rms_norm_eps: float = 1e-6
-    gradient_clipping: float = 1e10
-    output_proj_dims: int = 1536
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "AudioConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in config.items() if k in known and v is not None})
-
-    @property
-    def past(self) -> int:
-        return self.attention_context_left - 1
-
-    @property
-    def context(self) -> int:
-        """Keys each chunk of queries sees: the chunk, the past horizon and the future one."""
-        return self.attention_chunk_size + self.past + self.attention_context_right
-
-
-def _clamp(x: mx.array, limit: float) -> mx.array:
-    """transformers' `gradient_clipping` clamp, capped at the dtype's range as it is there."""
-    limit = min(limit, float(mx.finfo(x.dtype).max))
-    return mx.clip(x, -limit, limit)
 
 
 class ConvBlock(nn.Module):
@@ -124,8 +82,8 @@ class FeedForward(nn.Module):
         self.limit, self.weight = config.gradient_clipping, config.residual_weight
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self.ffw_layer_2(self.act(self.ffw_layer_1(self.pre_layer_norm(_clamp(x, self.limit)))))
-        return x + self.post_layer_norm(_clamp(y, self.limit)) * self.weight
+        y = self.ffw_layer_2(self.act(self.ffw_layer_1(self.pre_layer_norm(clamp(x, self.limit)))))
+        return x + self.post_layer_norm(clamp(y, self.limit)) * self.weight
 
 
 class LightConv(nn.Module):
@@ -144,97 +102,7 @@ class LightConv(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         y = nn.glu(self.linear_start(self.pre_layer_norm(x)), axis=-1)
         y = self.depthwise_conv1d(mx.pad(y, [(0, 0), (self.history, 0), (0, 0)]))  # causal
-        return x + self.linear_end(self.act(self.conv_norm(_clamp(y, self.limit))))
-
-
-def _context_indices(blocks: int, config: AudioConfig) -> mx.array:
-    """[blocks, context]: for each chunk of queries, its keys' indices into the sequence padded
-    with `past` positions before it."""
-    chunk = config.attention_chunk_size
-    return mx.arange(blocks)[:, None] * chunk + mx.arange(config.context)[None, :]
-
-
-def attention_mask(valid: mx.array, config: AudioConfig) -> mx.array:
-    """[B, 1, blocks, chunk, context]: where a query may attend a key. As transformers'
-    `sliding_window_mask_function((past, future))` with the key padding mask: q - k in
-    [0, past) or in (-future, 0), which leaves out the block context's outermost key on each side."""
-    chunk, past, future = config.attention_chunk_size, config.past, config.attention_context_right
-    blocks = -(-valid.shape[1] // chunk)
-    keys = _context_indices(blocks, config)
-    queries = mx.arange(blocks)[:, None] * chunk + mx.arange(chunk)[None, :]
-    distance = queries[:, :, None] - (keys - past)[:, None, :]
-    window = ((distance >= 0) & (distance < past)) | ((distance < 0) & (-distance < future))
-    key_valid = mx.pad(valid, [(0, 0), (past, future + chunk - 1)])[:, keys]
-    return (window[None] & key_valid[:, :, None, :])[:, None]
-
-
-def _relative_positions(config: AudioConfig) -> mx.array:
-    """[context // 2 + 1, hidden]: sinusoids (sin, then cos) of positions context // 2 down to 0."""
-    count = config.hidden_size // 2
-    step = math.log(10_000.0) / max(count - 1, 1)
-    inv_timescales = np.exp(np.arange(count, dtype=np.float32) * np.float32(-step))
-    times = np.arange(config.context // 2, -1, -1, dtype=np.float32)[:, None] * inv_timescales[None, :]
-    return mx.array(np.concatenate([np.sin(times), np.cos(times)], axis=-1))
-
-
-class ChunkedAttention(nn.Module):
-    """Local self-attention over chunks of queries, each seeing a window of past (and future)
-    keys, with a learned per-dimension query scale and relative position logits."""
-
-    def __init__(self, config: AudioConfig):
-        super().__init__()
-        width, heads, clipped = config.hidden_size, config.num_attention_heads, config.use_clipped_linears
-        self.config, self.heads, self.head_dim = config, heads, width // heads
-        inner = heads * self.head_dim
-        self.q_proj = ClippableLinear(width, inner, clipped)
-        self.k_proj = ClippableLinear(width, inner, clipped)
-        self.v_proj = ClippableLinear(width, inner, clipped)
-        self.post = ClippableLinear(width, width, clipped)
-        self.relative_k_proj = nn.Linear(width, inner, bias=False)
-        self.per_dim_scale = mx.zeros((self.head_dim,))
-        # USM's scales: queries by softplus(per_dim_scale) / sqrt(d), both in log2 units.
-        self.q_scale = self.head_dim ** -0.5 / math.log(2)
-        self.k_scale = math.log(1 + math.e) / math.log(2)
-
-    def _split(self, projection, x: mx.array) -> mx.array:
-        return projection(x).astype(mx.float32).reshape(*x.shape[:2], self.heads, self.head_dim)
-
-    def _chunks(self, x: mx.array, blocks: int) -> mx.array:
-        """[B, T, H, d] to [B, H, blocks, chunk, d], zero-padded at the end."""
-        chunk = self.config.attention_chunk_size
-        x = mx.pad(x, [(0, 0), (0, blocks * chunk - x.shape[1]), (0, 0), (0, 0)])
-        return x.reshape(x.shape[0], blocks, chunk, self.heads, self.head_dim).transpose(0, 3, 1, 2, 4)
-
-    def _contexts(self, x: mx.array, blocks: int) -> mx.array:
-        """[B, T, H, d] to each chunk's keys [B, H, blocks, context, d], zeros outside the sequence."""
-        c = self.config
-        x = mx.pad(x, [(0, 0), (c.past, c.attention_context_right + c.attention_chunk_size - 1), (0, 0), (0, 0)])
-        return x[:, _context_indices(blocks, c)].transpose(0, 3, 1, 2, 4)
-
-    def _shift(self, x: mx.array) -> mx.array:
-        """Transformer-XL's shift (appendix B of arXiv:1901.02860) of [..., chunk, positions]
-        logits to [..., chunk, context]: query row i moves right by i, and what passes the end
-        of a row wraps into the next one, exactly as transformers pads and reshapes."""
-        *lead, chunk, positions = x.shape
-        width = self.config.context
-        x = mx.pad(x, [(0, 0)] * (len(lead) + 1) + [(0, width + 1 - positions)])
-        x = x.reshape(*lead, chunk * (width + 1))[..., : chunk * width]
-        return x.reshape(*lead, chunk, width)
-
-    def __call__(self, x: mx.array, allowed: mx.array, positions: mx.array) -> mx.array:
-        c, (batch, length, _) = self.config, x.shape
-        blocks = allowed.shape[2]
-        scale = self.q_scale * nn.softplus(self.per_dim_scale.astype(mx.float32))
-        queries = self._chunks(self._split(self.q_proj, x) * scale, blocks)
-        keys = self._contexts(self._split(self.k_proj, x) * self.k_scale, blocks)
-        values = self._contexts(self._split(self.v_proj, x), blocks)
-        relative = self.relative_k_proj(positions).astype(mx.float32)
-        relative = relative.reshape(-1, self.heads, self.head_dim).transpose(1, 2, 0)  # [H, d, positions]
-        logits = queries @ keys.swapaxes(-1, -2) + self._shift(queries @ relative[:, None])
-        logits = mx.tanh(logits / c.attention_logit_cap) * c.attention_logit_cap
-        weights = mx.softmax(mx.where(allowed, logits, c.attention_invalid_logits_value), axis=-1)
-        out = (weights @ values).transpose(0, 2, 3, 1, 4).reshape(batch, -1, self.heads * self.head_dim)
-        return self.post(out[:, :length].astype(x.dtype))
+        return x + self.linear_end(self.act(self.conv_norm(clamp(y, self.limit))))
 
 
 class ConformerLayer(nn.Module):
@@ -250,10 +118,10 @@ class ConformerLayer(nn.Module):
 
     def __call__(self, x: mx.array, allowed: mx.array, positions: mx.array) -> mx.array:
         x = self.feed_forward1(x)
-        attended = self.self_attn(self.norm_pre_attn(_clamp(x, self.limit)), allowed, positions)
-        x = x + self.norm_post_attn(_clamp(attended, self.limit))
+        attended = self.self_attn(self.norm_pre_attn(clamp(x, self.limit)), allowed, positions)
+        x = x + self.norm_post_attn(clamp(attended, self.limit))
         x = self.feed_forward2(self.lconv1d(x))
-        return self.norm_out(_clamp(x, self.limit))
+        return self.norm_out(clamp(x, self.limit))
 
 
 class Conformer(nn.Module):
@@ -266,7 +134,7 @@ class Conformer(nn.Module):
         self.subsample_conv_projection = SubsampleProjection(config)
         self.layers = [ConformerLayer(config) for _ in range(config.num_hidden_layers)]
         self.output_proj = nn.Linear(config.hidden_size, config.output_proj_dims, bias=True)
-        self._positions = _relative_positions(config)  # computed, never in a checkpoint
+        self._positions = relative_positions(config)  # computed, never in a checkpoint
 
     def __call__(self, features: mx.array, valid: mx.array) -> Tuple[mx.array, mx.array]:
         x, valid = self.subsample_conv_projection(features, valid)
