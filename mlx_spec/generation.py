@@ -131,6 +131,7 @@ class StopStrings:
         self.searched = 0  # stop strings cannot start before this
         self.pending: List[Tuple[TokenReport, int, int]] = []  # (report, start, end) in self.text
         self.hit = False
+        self.matched: Optional[str] = None  # the stop string that ended the text, once one did
 
     def feed(self, report: TokenReport) -> List[TokenReport]:
         start = len(self.text)
@@ -139,10 +140,11 @@ class StopStrings:
         self.pending.append((report, start, len(self.text)))
         if not self.stops:
             return self._release(len(self.text))
-        found = [i for i in (self.text.find(s, self.searched) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self.text.find(s, self.searched), s) for s in self.stops) if i >= 0]
         if found:
+            at, self.matched = min(found)
             self.hit = True
-            return self._cut(min(found))
+            return self._cut(at)
         held = max((k for k in range(1, min(self.longest, len(self.text) + 1))
                     if any(s.startswith(self.text[-k:]) for s in self.stops)), default=0)
         self.searched = max(self.searched, len(self.text) - self.longest + 1, 0)

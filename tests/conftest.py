@@ -89,6 +89,24 @@ def trained(checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def long_trained(trained, tmp_path_factory):
+    """The trained target with a context of 32,768 tokens (its config's
+    max_position_embeddings; RoPE has no weights, so the weights are the same): room for the
+    prompts agents such as Codex CLI and Claude Code send, thousands of tokens of instructions
+    and tools."""
+
+    def build(root):
+        folder = root / "target"
+        shutil.copytree(trained, folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["max_position_embeddings"] = 32768
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        return {"target": folder}
+
+    return built_once(tmp_path_factory, "long-trained", build)["target"]
+
+
+@pytest.fixture(scope="session")
 def family(tmp_path_factory):
     """Tiny checkpoints of each Gemma 4 size (tiny.VARIANTS), each built on first use:
     family(variant) -> {"target": folder, "assistant": folder}."""

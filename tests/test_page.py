@@ -123,7 +123,7 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     from mlx_spec.decoding.stats import Stats
     from mlx_spec.decoding.reports import TokenReport
     from mlx_spec.server.generation import Done, Token
-    from mlx_spec.server.responses import ChatFormat
+    from mlx_spec.server.chat_objects import ChatFormat
 
     engine = load(str(checkpoints["text"]), drafter=None)
     text = '<|channel>thought\nHmm.<channel|>Let me check.<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'

@@ -12,7 +12,7 @@ from mlx_spec.decoding.stats import Stats
 from mlx_spec.decoding.reports import TokenReport
 from mlx_spec.generation import StopStrings, build_result
 from mlx_spec.server.generation import Done, Token
-from mlx_spec.server.responses import ChatFormat
+from mlx_spec.server.chat_objects import ChatFormat
 from mlx_spec.server.schemas import ChatRequest
 
 CALL = '<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'

@@ -88,9 +88,14 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
                    "The path or hub id, its last part and the family's short name (e2b, ...) are accepted too.")
 @click.option("--allow-files", is_flag=True, help="Let image and audio parts name local files of this machine.")
 @click.option("--allow-fetch", is_flag=True, help="Fetch image and audio parts given as http(s) URLs.")
+@click.option("--any-model", is_flag=True,
+              help="Answer every model name a request gives with the served model (for agents that ask for names "
+                   "of their own, such as Claude Code); without it, an unknown name is a 404.")
 def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-          thinking, image_tokens, host, port, api_key, cache_gb, log_level, served_names, allow_files, allow_fetch):
-    """Serve the OpenAI API (/v1/chat/completions, /v1/completions) and the token page at /.
+          thinking, image_tokens, host, port, api_key, cache_gb, log_level, served_names, allow_files, allow_fetch,
+          any_model):
+    """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses), Anthropic's
+    (/v1/messages) and the token page at /.
 
     The sampling flags, --max-tokens and --thinking are the defaults for requests that leave
     them out."""
@@ -105,7 +110,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level,
-               served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch)
+               served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch, any_model=any_model)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").

@@ -1,12 +1,17 @@
-"""`mlx-spec serve`: an OpenAI-compatible server over one Engine, with a prompt cache and a page
-that shows every token's probability.
+"""`mlx-spec serve`: a server over one Engine that speaks OpenAI's chat completions and Responses
+API and Anthropic's Messages API, with a prompt cache and a page that shows every token's
+probability.
 
-app.py: the app and its error handlers; openai_routes.py: OpenAI's routes; gate.py: what every
-route checks (key, model, media, the prompt's tokens); body.py: reading a request body strictly;
-schemas.py: requests and errors; names.py: the names the model answers to; generation.py: a
-request's prompt tokens, and what it does on the model's thread; responses.py: OpenAI's
-response objects; streaming.py: a job's events as an HTTP answer; worker.py: the queue in front
-of the model; static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
+app.py: the app and its error handlers; gate.py: what every route checks (key, model, media,
+the prompt's tokens); body.py: reading a request body strictly; schemas.py: chat and completion
+requests, and errors; names.py: the names the model answers to; generation.py: a request's
+prompt tokens, and what it does on the model's thread; streaming.py: a job's events as an HTTP
+answer; worker.py: the queue in front of the model. Per dialect, its routes, its requests
+translated to a chat request, and its answer objects and events:
+- chat completions and completions: openai_routes.py, schemas.py, chat_objects.py;
+- the Responses API: responses_routes.py, responses_api.py, responses_events.py;
+- the Messages API: messages_routes.py, messages_api.py, messages_events.py.
+static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
 from typing import Any, Callable, Optional, Sequence
@@ -20,14 +25,15 @@ __all__ = ["create_app", "serve", "Worker"]
 
 def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str = "127.0.0.1", port: int = 8080,
           api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info",
-          served_names: Sequence[str] = (), allow_files: bool = False, allow_fetch: bool = False) -> None:
+          served_names: Sequence[str] = (), allow_files: bool = False, allow_fetch: bool = False,
+          any_model: bool = False) -> None:
     """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
     running answers are stopped, the model's thread ends, and the call returns."""
     import uvicorn
 
     worker = Worker(load, int(cache_gb * 1e9))
     app = create_app(worker, model_id, defaults, api_key, served_names=served_names, allow_files=allow_files,
-                     allow_fetch=allow_fetch)
+                     allow_fetch=allow_fetch, any_model=any_model)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -1,8 +1,10 @@
-"""The server's app: its error handlers, the routes of each dialect (openai_routes.py), /health,
-the page at /, and the API's description at /openapi.json.
+"""The server's app: its error handlers, the routes of each dialect (OpenAI's chat completions,
+completions and models in openai_routes.py, its Responses API in responses_routes.py,
+Anthropic's Messages API in messages_routes.py), /health, the page at /, and the API's
+description at /openapi.json.
 
-Every failure answers with the dialect's error object and a 4xx status (5xx only for the
-server's own faults). A request is parsed and checked by its route (body.py reads it strictly,
+Every failure answers with the dialect's error object (Anthropic's envelope under /v1/messages,
+OpenAI's elsewhere) and a 4xx status (5xx only for the server's own faults). A request is parsed and checked by its route (body.py reads it strictly,
 gate.py checks its key, model and media and renders its prompt on a thread of its own); then it
 is queued for the model (`worker.Worker`) and answered as its job's events come
 (streaming.py).
@@ -22,8 +24,11 @@ from .. import __version__
 from ..options import Options
 from .body import described, invalid
 from .gate import Gate
+from .messages_events import error_body as anthropic_error
+from .messages_routes import MESSAGES, add_messages_routes
 from .names import ModelNames
 from .openai_routes import add_openai_routes
+from .responses_routes import add_responses_routes
 from .schemas import APIError
 from .worker import Worker
 
@@ -34,15 +39,17 @@ STATIC = resources.files("mlx_spec.server") / "static"  # the page: plain files,
 
 def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Optional[str] = None,
                max_body_bytes: int = MAX_BODY_BYTES, served_names: Sequence[str] = (), allow_files: bool = False,
-               allow_fetch: bool = False) -> FastAPI:
+               allow_fetch: bool = False, any_model: bool = False) -> FastAPI:
     """defaults: the server's settings for what a request leaves out (the command line's).
     served_names: the names clients may ask for (the first is the one answers carry); the
     model's path or hub id, its last part and the family's short name for its size are
     accepted too. allow_files / allow_fetch: whether media parts may name the server's local
-    files / http(s) URLs (see media.py)."""
+    files / http(s) URLs (see media.py). any_model: every model name a request gives reaches
+    the served model (agents such as Claude Code ask for names of their own); by default an
+    unknown name is a 404."""
     app = FastAPI(title="mlx-spec", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.worker = worker
-    names = ModelNames(model_id, served_names, worker.engine)
+    names = ModelNames(model_id, served_names, worker.engine, any_name=any_model)
     gate = Gate(worker, names, defaults, api_key, allow_files, allow_fetch, max_body_bytes)
     add_error_handlers(app)
 
@@ -51,6 +58,8 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
         return {"status": "ok", "model": names.id, **worker.status()}
 
     add_openai_routes(app, gate)
+    add_responses_routes(app, gate)
+    add_messages_routes(app, gate)
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -61,27 +70,34 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
     return app
 
 
+def error_response(path: str, error: APIError) -> JSONResponse:
+    """The error in the dialect of the route it answers: Anthropic's envelope under its path."""
+    anthropic = path == MESSAGES or path.startswith(MESSAGES + "/")
+    body = anthropic_error(error.status, error.message) if anthropic else error.body()
+    return JSONResponse(body, status_code=error.status)
+
+
 def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return error_response(request.url.path, e)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         message = "Unknown route" if e.status_code == 404 else str(e.detail)
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status_code)
-        return JSONResponse(APIError(e.status_code, f"{message}: {request.method} {request.url.path}", code=code).body(),
-                            status_code=e.status_code)
+        error = APIError(e.status_code, f"{message}: {request.method} {request.url.path}", code=code)
+        return error_response(request.url.path, error)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
         LOG.error("%s %s failed", request.method, request.url.path, exc_info=e)
         error = APIError(500, "The server failed on this request; its log has the details.", type="server_error")
-        return JSONResponse(error.body(), status_code=500)
+        return error_response(request.url.path, error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
-        return JSONResponse(invalid(e.errors()).body(), status_code=400)
+        return error_response(request.url.path, invalid(e.errors()))
 
 
 class BodyLimit:
@@ -95,7 +111,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await too_large(self.max_bytes)(scope, receive, send)
+            return await too_large(scope.get("path", ""), self.max_bytes)(scope, receive, send)
         seen = 0
 
         async def limited():
@@ -109,6 +125,6 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def too_large(max_bytes: int) -> Response:
+def too_large(path: str, max_bytes: int) -> Response:
     error = APIError(413, f"The request body is over {max_bytes} bytes.", code="request_too_large")
-    return JSONResponse(error.body(), status_code=413)
+    return error_response(path, error)

@@ -95,21 +95,30 @@ ERROR_BODY = {
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
     }},
 }
+ANTHROPIC_ERROR_BODY = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {"type": {"type": "string"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+    }},
+}
 WHY = {200: "The answer (server-sent events when `stream` is true)", 400: "The request is invalid: the message says how",
        401: "A wrong or missing API key", 404: "No such model", 413: "The body is too large",
        503: "Cancelled: the client left or the server is stopping"}
 
 
-def described(*statuses: int, streams: bool = False) -> Dict[int, Dict]:
+def described(*statuses: int, streams: bool = False, anthropic: bool = False) -> Dict[int, Dict]:
     """The responses of a route for the API description: JSON (or server-sent events, for a
-    route that streams) and OpenAI's error object for the errors."""
+    route that streams) and the dialect's error object (OpenAI's, or Anthropic's) for the errors."""
     out: Dict[int, Dict] = {}
     for status in statuses:
         if status == 200:
             kinds = ["application/json", "text/event-stream"] if streams else ["application/json"]
             out[200] = {"description": WHY[200], "content": {kind: {} for kind in kinds}}
         else:
-            out[status] = {"description": WHY[status], "content": {"application/json": {"schema": ERROR_BODY}}}
+            schema = ANTHROPIC_ERROR_BODY if anthropic else ERROR_BODY
+            out[status] = {"description": WHY[status], "content": {"application/json": {"schema": schema}}}
     return out
 
 

@@ -29,11 +29,14 @@ class Gate:
     max_body_bytes: int = 16 * 1024 * 1024
 
     def check_key(self, request: Request) -> None:
-        """`Authorization: Bearer KEY`, when the server has a key."""
+        """`Authorization: Bearer KEY` (OpenAI's clients, and Anthropic's given a token) or
+        `x-api-key: KEY` (Anthropic's), when the server has a key."""
         if self.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        bearer = request.headers.get("authorization", "")
+        key = request.headers.get("x-api-key", "")
+        if not (secrets.compare_digest(bearer.encode(), f"Bearer {self.api_key}".encode())
+                or secrets.compare_digest(key.encode(), self.api_key.encode())):
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     def check_model(self, name: Optional[str]) -> None:

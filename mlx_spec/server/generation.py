@@ -23,6 +23,7 @@ from .schemas import APIError
 @dataclass
 class Started:
     prompt_tokens: int
+    cached_tokens: int = 0  # of them, resumed from the prompt cache
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Done:
     result: Any  # GenerationResult
     finish_reason: str
     text: str  # what the client was sent: up to a stop string, which is left out
+    stop_sequence: Optional[str] = None  # the stop string that ended it, if one did
 
 
 def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[dict]] = None) -> Prepared:
@@ -67,10 +69,11 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             prompt_tokens = answer.start()
         except ContextError as e:
             raise context_exceeded(e) from None
-        yield Started(prompt_tokens)  # the prompt went through: from here on, the request is answered
+        # The prompt went through: from here on, the request is answered.
+        yield Started(prompt_tokens, answer.decoder.stats.prompt_reused)
         for report in answer:
             yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
-        yield Done(answer.result, answer.result.finish_reason, answer.text)
+        yield Done(answer.result, answer.result.finish_reason, answer.text, answer.stops.matched)
 
     return work
 

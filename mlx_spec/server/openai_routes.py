@@ -5,7 +5,7 @@ from fastapi import FastAPI, Request
 from .body import described, parse
 from .gate import Gate
 from .generation import generation
-from .responses import ChatFormat, CompletionFormat
+from .chat_objects import ChatFormat, CompletionFormat
 from .schemas import ChatRequest, CompletionRequest
 from .streaming import answer
 
@@ -24,7 +24,7 @@ def add_openai_routes(app: FastAPI, gate: Gate) -> None:
         gate.check_model(name)
         return names.card(name)
 
-    @app.post("/v1/chat/completions", openapi_extra=ChatRequest.openapi_body(names.accepted),
+    @app.post("/v1/chat/completions", openapi_extra=ChatRequest.openapi_body(names.in_schema),
               responses=described(200, 400, 401, 404, 413, 503, streams=True))
     async def chat_completions(request: Request):
         gate.check_key(request)
@@ -35,7 +35,7 @@ def add_openai_routes(app: FastAPI, gate: Gate) -> None:
         form = ChatFormat(names.id, bool(req.logprobs), req.top_logprobs or 0, req.x_report)
         return await answer(request, worker.submit(generation(tokens, options)), form, req.stream, req.include_usage)
 
-    @app.post("/v1/completions", openapi_extra=CompletionRequest.openapi_body(names.accepted),
+    @app.post("/v1/completions", openapi_extra=CompletionRequest.openapi_body(names.in_schema),
               responses=described(200, 400, 401, 404, 413, 503, streams=True))
     async def completions(request: Request):
         gate.check_key(request)

@@ -38,7 +38,21 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-class _Request(BaseModel):
+class Described:
+    """A request model whose route reads its body itself (to answer every malformed one with
+    the dialect's error object), described in /openapi.json."""
+
+    @classmethod
+    def openapi_body(cls, models: Optional[List[str]]) -> Dict[str, Any]:
+        """The route's request body for the API description. `model` lists the names served
+        (any other is a 404), unless the server takes any name (None)."""
+        schema = cls.model_json_schema()
+        named = {"enum": list(models)} if models is not None else {"type": "string"}
+        schema["properties"]["model"] = {"anyOf": [named, {"type": "null"}], "default": None}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+class _Request(Described, BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: Optional[str] = None
@@ -74,15 +88,6 @@ class _Request(BaseModel):
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (decoding stays exact)")
         return self
-
-    @classmethod
-    def openapi_body(cls, models: List[str]) -> Dict[str, Any]:
-        """The route's request body for the API description (the routes read the body
-        themselves, to answer every malformed one with OpenAI's error object). `model` lists
-        the names served: any other is a 404."""
-        schema = cls.model_json_schema()
-        schema["properties"]["model"] = {"anyOf": [{"enum": list(models)}, {"type": "null"}], "default": None}
-        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
     @property
     def include_usage(self) -> bool:

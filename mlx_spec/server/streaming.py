@@ -28,26 +28,35 @@ async def watch(request: Request, job) -> None:
     job.cancel()
 
 
-async def answer(request: Request, job, form, stream: bool, include_usage: bool) -> Response:
+async def answer(request: Request, job, form, stream: bool, include_usage: bool = False) -> Response:
+    """The job's answer in `form` (a dialect's: chat, completion, responses, messages). A form
+    gives `first_chunks(started)`, `token_chunks(token)`, `last_chunks(prompt_tokens, done,
+    include_usage)`, `completion(prompt_tokens, tokens, done)` and `error_event(error)`; it says
+    whether events are named (`event:` lines), what ends a stream (`done_marker`) and how long a
+    stream may wait for the prompt before it opens with pings (`ping_after`, seconds or None)."""
     events = job.__aiter__()
     watcher = asyncio.ensure_future(watch(request, job))
+    first = asyncio.ensure_future(events.__anext__())
     try:
-        started = await events.__anext__()
+        if stream and getattr(form, "ping_after", None):
+            finished, _ = await asyncio.wait({first}, timeout=form.ping_after)
+            if not finished:  # a long prompt: open the stream now and keep it alive until it is in
+                return stream_response(pinged(job, first, events, form, include_usage))
+        started = await first
         assert isinstance(started, Started), started
         if stream:  # from here on, the streaming response watches the connection itself
-            return StreamingResponse(sse(job, events, form, started.prompt_tokens, include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return stream_response(sse(job, events, form, started, include_usage))
         tokens = []
         async for event in events:
             if isinstance(event, Token):
                 tokens.append(event)
             elif isinstance(event, Done):
                 return JSONResponse(form.completion(started.prompt_tokens, tokens, event))
-        return cancelled()
-    except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuses
+        return cancelled(form)
+    except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuse
         raise APIError(400, str(e), code="invalid_value") from None
     except StopAsyncIteration:  # cancelled before it started
-        return cancelled()
+        return cancelled(form)
     except asyncio.CancelledError:  # the server is stopping this request
         job.cancel()
         raise
@@ -55,38 +64,66 @@ async def answer(request: Request, job, form, stream: bool, include_usage: bool)
         watcher.cancel()
 
 
-async def sse(job, events: AsyncIterator, form, prompt_tokens: int, include_usage: bool):
-    """Server-sent events: chunks, then `data: [DONE]`. Starlette cancels this generator when
-    the client disconnects; the job is cancelled with it and the model is free at once."""
+def stream_response(body) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def pinged(job, first, events: AsyncIterator, form, include_usage: bool):
+    """A stream opened before the prompt is in: pings until it is, then the answer."""
     try:
-        for chunk in form.first_chunks():
-            yield data(chunk)
+        while True:
+            finished, _ = await asyncio.wait({first}, timeout=form.ping_after)
+            if finished:
+                break
+            yield encode(form, {"type": "ping"})
+        started = first.result()
+    except StopAsyncIteration:
+        return
+    except (SettingsError, TemplateError, APIError) as e:
+        error = e if isinstance(e, APIError) else APIError(400, str(e), code="invalid_value")
+        yield encode(form, form.error_event(error))
+        job.cancel()
+        return
+    async for chunk in sse(job, events, form, started, include_usage):
+        yield chunk
+
+
+async def sse(job, events: AsyncIterator, form, started: Started, include_usage: bool):
+    """Server-sent events: the form's chunks, then its end marker. Starlette cancels this
+    generator when the client disconnects; the job is cancelled with it and the model is free
+    at once."""
+    try:
+        for chunk in form.first_chunks(started):
+            yield encode(form, chunk)
         async for event in events:
             if isinstance(event, Token):
-                chunk = form.token_chunk(event)
-                if chunk is not None:
-                    yield data(chunk)
+                for chunk in form.token_chunks(event):
+                    yield encode(form, chunk)
             elif isinstance(event, Done):
-                for chunk in form.last_chunks(prompt_tokens, event, include_usage):
-                    yield data(chunk)
-                yield "data: [DONE]\n\n"
+                for chunk in form.last_chunks(started.prompt_tokens, event, include_usage):
+                    yield encode(form, chunk)
+                if form.done_marker:
+                    yield f"data: {form.done_marker}\n\n"
                 return
         # Ended without an answer: the server is shutting down.
-        yield data(APIError(503, "The server is shutting down.", type="server_error").body())
+        yield encode(form, form.error_event(APIError(503, "The server is shutting down.", type="server_error")))
     except APIError as e:
-        yield data(e.body())
+        yield encode(form, form.error_event(e))
     except Exception:  # after the headers, an error can only be told in the stream
         LOG.exception("a streamed answer failed")
-        yield data(APIError(500, "generation failed; the server's log has the details", type="server_error").body())
+        error = APIError(500, "generation failed; the server's log has the details", type="server_error")
+        yield encode(form, form.error_event(error))
     finally:
         job.cancel()
 
 
-def cancelled() -> Response:
+def cancelled(form) -> Response:
     error = APIError(503, "The request was cancelled: the client left or the server is shutting down.",
                      type="server_error")
-    return JSONResponse(error.body(), status_code=503)
+    return JSONResponse(form.error_event(error), status_code=503)
 
 
-def data(obj: Dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+def encode(form, obj: Dict[str, Any]) -> str:
+    """One event: `data: JSON`, after an `event: TYPE` line where the dialect names its events."""
+    line = f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"event: {obj.get('type', 'error')}\n{line}" if form.named_events else line

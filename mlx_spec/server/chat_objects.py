@@ -76,7 +76,24 @@ def chat_logprobs(tokens: List[Token], top: int) -> Optional[Dict[str, Any]]:
     return {"content": content}
 
 
-class ChatFormat:
+class OpenAIForm:
+    """What OpenAI's chat and text completions share as forms (streaming.py): unnamed events
+    ended by `data: [DONE]`, and OpenAI's error object."""
+
+    named_events = False
+    done_marker = "[DONE]"
+    ping_after = None
+
+    @staticmethod
+    def error_event(error) -> Dict[str, Any]:
+        return error.body()
+
+    def token_chunks(self, token: Token) -> List[Dict[str, Any]]:
+        chunk = self.token_chunk(token)
+        return [] if chunk is None else [chunk]
+
+
+class ChatFormat(OpenAIForm):
     """The chat completion, or its stream of chunks, for one request."""
 
     def __init__(self, model: str, logprobs: bool, top_logprobs: int, report: bool):
@@ -105,7 +122,7 @@ class ChatFormat:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [choice]}
 
-    def first_chunks(self) -> List[Dict[str, Any]]:
+    def first_chunks(self, started=None) -> List[Dict[str, Any]]:
         """What a stream opens with, before any token: the assistant's role."""
         return [self.chunk({"role": "assistant", "content": ""})]
 
@@ -139,7 +156,7 @@ class ChatFormat:
         return chunks
 
 
-class CompletionFormat:
+class CompletionFormat(OpenAIForm):
     """The text completion (`/v1/completions`), or its chunks, with the legacy logprobs shape."""
 
     def __init__(self, model: str, logprobs: Optional[int], report: bool):
@@ -147,7 +164,7 @@ class CompletionFormat:
         self.logprobs, self.report = logprobs, report
         self.offset = 0
 
-    def first_chunks(self) -> List[Dict[str, Any]]:
+    def first_chunks(self, started=None) -> List[Dict[str, Any]]:
         return []  # a completion's stream opens with its first text
 
     def _choice(self, text: str, tokens: List[Token], finish_reason: Optional[str]) -> Dict[str, Any]:

@@ -1,0 +1,187 @@
+"""OpenAI's Responses API (`POST /v1/responses`) as a thin translation at the edge: its request
+becomes a chat completion request (schemas.py's `ChatRequest`), which takes the one request
+path every route takes; its answer is built from the same events (responses_events.py).
+
+What Codex CLI sends is taken as it comes: the whole conversation in `input` every turn (so
+nothing needs storing), `developer` messages beside `instructions`, and tools mlx-spec cannot run
+(`web_search`, `local_shell`, `custom`, ...), which are left out of the prompt and named in the
+`x-mlx-spec-ignored-tools` header. What exact decoding cannot honour (a forced tool choice, a
+JSON format, a stored previous response) is refused by name.
+"""
+
+import json
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from .schemas import ChatRequest, Described
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+
+
+class ResponsesRequest(Described, BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    input: Union[str, List[Dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    max_output_tokens: Optional[StrictInt] = Field(None, ge=1)
+    temperature: Optional[StrictFloat] = Field(None, ge=0)
+    top_p: Optional[StrictFloat] = Field(None, gt=0, le=1)
+    top_k: Optional[StrictInt] = Field(None, ge=0)  # extension, as on chat completions
+    seed: Optional[StrictInt] = Field(None, ge=0, lt=2**64)  # extension
+    stream: StrictBool = False
+    store: Optional[StrictBool] = None  # nothing is ever stored: the answer says `"store": false`
+    reasoning: Optional[Dict[str, Any]] = None  # any effort turns Gemma's thinking on
+    previous_response_id: Optional[str] = None
+    parallel_tool_calls: Optional[StrictBool] = None
+    text: Optional[Dict[str, Any]] = None
+    metadata: Optional[Dict[str, Any]] = None
+    mtp: Optional[StrictBool] = None  # extension, as on chat completions
+    x_report: StrictBool = False  # extension: per-token reports as `x_tokens`
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.previous_response_id is not None:
+            raise ValueError("previous_response_id is not supported: this server stores no responses; send the "
+                             "whole conversation in input (as Codex does), which the prompt cache resumes")
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ValueError('tool_choice must be "auto" or "none": calls cannot be forced without constrained decoding')
+        form = (self.text or {}).get("format") or {}
+        if form.get("type") not in (None, "text"):
+            raise ValueError('text.format must be {"type": "text"}: JSON modes are not supported')
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("input is empty")
+        return self
+
+    @property
+    def thinking(self) -> bool:
+        effort = (self.reasoning or {}).get("effort", "medium") if self.reasoning is not None else None
+        return effort not in (None, "none")
+
+    def function_tools(self) -> Tuple[List[Dict[str, Any]], List[str]]:
+        """The function tools as chat tools, and the types of the others (left out of the prompt)."""
+        functions, ignored = [], []
+        for i, tool in enumerate(self.tools or []):
+            if not isinstance(tool, dict):
+                raise ValueError(f"tools[{i}] must be an object")
+            if tool.get("type") != "function":
+                ignored.append(str(tool.get("type")))
+                continue
+            function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+            functions.append({"type": "function", "function": function})
+        return functions, ignored
+
+    def to_chat(self) -> Tuple[ChatRequest, List[str]]:
+        """The chat completion request this one is, and the tool types left out."""
+        tools, ignored = self.function_tools()
+        body: Dict[str, Any] = {
+            "model": self.model, "messages": messages_of(self.instructions, self.input),
+            "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp, "x_report": self.x_report,
+            "thinking": self.thinking, "stream": self.stream,
+            "tools": tools or None, "tool_choice": self.tool_choice if tools else None,
+        }
+        return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None}), ignored
+
+
+def messages_of(instructions: Optional[str], input: Union[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Chat messages for `instructions` and `input`. System and developer text goes into one
+    leading system message (Gemma's template takes one); function calls join the assistant
+    message before them, a reasoning item the calls after it (the template keeps a tool-calling
+    turn's thought); function call outputs become tool messages."""
+    system = [instructions] if instructions else []
+    out: List[Dict[str, Any]] = []
+    reasoning: Optional[str] = None
+    for i, item in enumerate([{"type": "message", "role": "user", "content": input}] if isinstance(input, str) else input):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = ROLES.get(item.get("role"))
+            if role is None:
+                raise ValueError(f"{where}.role must be one of {', '.join(ROLES)}")
+            content = _content(item.get("content"), where)
+            if role == "system":
+                system.append(content if isinstance(content, str) else _text_only(content, where))
+            else:
+                out.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            last = out[-1] if out and out[-1]["role"] == "assistant" else None
+            if last is None:
+                last = {"role": "assistant", "content": ""}
+                out.append(last)
+            last.setdefault("tool_calls", []).append(call)
+            if reasoning:
+                last["reasoning"], reasoning = reasoning, None
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise ValueError(f"{where}.call_id must be a string")
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text_only(_content(output, where), where)
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item) or reasoning
+        else:
+            raise ValueError(f"{where}: items of type {kind!r} are not supported (messages, function_call, "
+                             "function_call_output and reasoning are)")
+    if system:
+        out.insert(0, {"role": "system", "content": "\n\n".join(s for s in system if s)})
+    if not any(m["role"] in ("user", "tool") for m in out):
+        raise ValueError("input has no user message or tool output to answer")
+    return out
+
+
+def _content(content: Any, where: str) -> Union[str, List[Dict[str, Any]]]:
+    """A message's content as chat content: a string, or text and image parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"{where}.content must be a string or a list of content parts")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise ValueError(f"{where}.content[{j}]: input_image needs image_url (a data URL); file_id is not supported")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise ValueError(f"{where}.content[{j}]: parts of type {kind!r} are not supported (input_text, "
+                             "output_text and input_image are)")
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _text_only(content: Union[str, List[Dict[str, Any]]], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if any(p["type"] != "text" for p in content):
+        raise ValueError(f"{where}: only text is taken here")
+    return "".join(p["text"] for p in content)
+
+
+def _function_call(item: Dict[str, Any], where: str) -> Dict[str, Any]:
+    if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
+        raise ValueError(f"{where}: a function_call needs name and call_id")
+    arguments = item.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise ValueError(f"{where}.arguments is not valid JSON") from None
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+
+
+def _reasoning_text(item: Dict[str, Any]) -> str:
+    """The thought a reasoning item gives back (its text, else its summary)."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))

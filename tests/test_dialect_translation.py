@@ -1,0 +1,165 @@
+"""The Responses and Messages requests as the chat requests they become, for the shapes Codex CLI
+0.171 and Claude Code 2.1 send by default (seen on the wire against this server), and the
+refusals of what exact decoding cannot honour. (The routes end to end: test_dialects.py.)"""
+
+import pytest
+from pydantic import ValidationError
+
+from mlx_spec.server.messages_api import CountTokens, CreateMessage
+from mlx_spec.server.responses_api import ResponsesRequest
+
+FUNCTION = {"type": "function", "name": "exec_command", "description": "Runs a command",
+            "strict": False, "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}
+
+
+def codex_request(**fields):
+    """Codex's first request of a session: developer messages, the environment and the task
+    as user messages, function tools beside a namespace of tools and web search."""
+    return {
+        "model": "gemma", "stream": True, "tool_choice": "auto", "parallel_tool_calls": True, "store": False,
+        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+        "tools": [FUNCTION, {"type": "namespace", "name": "multi_agent_v1", "tools": []}, {"type": "web_search"}],
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Skills."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<env/>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files"}]},
+        ],
+        **fields,
+    }
+
+
+def test_codex_s_request_becomes_one_system_message_and_its_function_tools():
+    chat, ignored = ResponsesRequest.model_validate(codex_request()).to_chat()
+    assert chat.messages[0] == {"role": "system", "content": "You are Codex.\n\nSkills."}
+    assert [m["role"] for m in chat.messages] == ["system", "user", "user"]
+    assert [t["function"]["name"] for t in chat.tools] == ["exec_command"] and ignored == ["namespace", "web_search"]
+    assert chat.thinking is True and chat.stream is True
+
+
+def test_codex_s_next_turn_gives_back_its_reasoning_calls_and_outputs():
+    """The second turn resends everything: the reasoning item and the call join the assistant
+    message, the output becomes a tool message answering the call."""
+    turn = codex_request()["input"] + [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Run ls."}],
+         "encrypted_content": None},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "README.md"},
+    ]
+    chat, _ = ResponsesRequest.model_validate(codex_request(input=turn)).to_chat()
+    assistant, tool = chat.messages[-2:]
+    assert assistant["reasoning"] == "Run ls." and assistant["content"] == ""
+    assert assistant["tool_calls"][0]["function"] == {"name": "exec_command", "arguments": {"cmd": "ls"}}
+    assert tool == {"role": "tool", "tool_call_id": "call_1", "content": "README.md"}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id is not supported"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"text": {"format": {"type": "json_schema"}}}, "JSON modes"),
+    ({"input": []}, "input is empty"),
+])
+def test_responses_refuses_by_name(fields, words):
+    with pytest.raises(ValidationError, match=words):
+        ResponsesRequest.model_validate(codex_request(**fields))
+
+
+@pytest.mark.parametrize("item, words", [
+    ({"type": "message", "role": "tool", "content": "x"}, "role must be one of"),
+    ({"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}, "input_file"),
+    ({"type": "function_call", "name": "f", "call_id": "c", "arguments": "{not json"}, "not valid JSON"),
+    ({"type": "web_search_call"}, "web_search_call"),
+])
+def test_responses_input_that_cannot_be_translated_is_named(item, words):
+    with pytest.raises(ValueError, match=words):
+        ResponsesRequest.model_validate(codex_request(input=[{"role": "user", "content": "Hi"}, item])).to_chat()
+
+
+def claude_request(**fields):
+    """Claude Code's request: system blocks with cache_control, a user turn of text blocks, its
+    environment as a `system` message among the turns, adaptive thinking, tools with
+    input_schema (one deferred), and fields mlx-spec has no use for."""
+    return {
+        "model": "claude-opus-5-5", "max_tokens": 128000, "stream": True,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"},
+                   {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>r</system-reminder>"},
+                                         {"type": "text", "text": "Hello there"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "tools": [{"name": "Bash", "description": "Run", "input_schema": {"type": "object", "properties": {}}},
+                  {"name": "Placeholder", "description": "never", "input_schema": {"type": "object"}, "defer_loading": True},
+                  {"type": "web_search_20250305", "name": "web_search"}],
+        "thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "medium"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": "u"},
+        **fields,
+    }
+
+
+def test_claude_code_s_request_becomes_one_system_message_and_its_tools():
+    request = CreateMessage.model_validate(claude_request())
+    chat = request.to_chat()
+    assert chat.messages[0] == {"role": "system",
+                                "content": "x-anthropic-billing-header: cc_version=2.1You are Claude Code.\n\n# Environment"}
+    assert chat.messages[1:] == [{"role": "user", "content": "<system-reminder>r</system-reminder>Hello there"}]
+    assert [t["function"]["name"] for t in chat.tools] == ["Bash", "Placeholder"]
+    assert request.function_tools()[1] == ["web_search_20250305"]
+    assert chat.thinking is True and chat.max_tokens == 128000
+
+
+def test_a_tool_use_turn_and_its_results_become_calls_and_tool_messages():
+    messages = [
+        {"role": "user", "content": "List the files"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Run ls.", "signature": ""},
+                                          {"type": "text", "text": "Listing."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"cmd": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": [{"type": "text", "text": "denied"}]},
+                                     {"type": "text", "text": "Try again"}]},
+    ]
+    chat = CreateMessage.model_validate(claude_request(messages=messages, system=None)).to_chat()
+    assistant, tool, user = chat.messages[1:]
+    assert assistant["reasoning"] == "Run ls." and assistant["content"] == "Listing."
+    assert assistant["tool_calls"] == [{"id": "toolu_1", "type": "function", "function": {"name": "Bash", "arguments": {"cmd": "ls"}}}]
+    assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": {"error": "denied"}}  # rendered natively
+    assert user == {"role": "user", "content": "Try again"}
+
+
+def test_images_come_as_image_parts():
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"}}
+    chat = CreateMessage.model_validate(claude_request(messages=[{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}])).to_chat()
+    assert chat.messages[-1]["content"][0] == {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAAA"}}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"tool_choice": {"type": "tool", "name": "Bash"}}, "tool_choice"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"messages": []}, "messages"),
+])
+def test_messages_refuses_by_name(fields, words):
+    with pytest.raises(ValidationError, match=words):
+        CreateMessage.model_validate(claude_request(**fields))
+
+
+def test_max_tokens_is_required_to_create_but_not_to_count():
+    body = claude_request()
+    del body["max_tokens"]
+    with pytest.raises(ValidationError, match="max_tokens"):
+        CreateMessage.model_validate(body)
+    assert CountTokens.model_validate(body).to_chat().messages[-1]["role"] == "user"
+
+
+@pytest.mark.parametrize("message, words", [
+    ({"role": "tool", "content": "x"}, "role must be user, assistant or system"),
+    ({"role": "user", "content": [{"type": "document", "source": {}}]}, "document"),
+    ({"role": "assistant", "content": [{"type": "tool_use", "name": "Bash"}]}, "needs id and name"),
+    ({"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}, "source must be"),
+    ({"role": "user", "content": 3}, "content must be"),
+])
+def test_messages_that_cannot_be_translated_are_named(message, words):
+    request = CreateMessage.model_validate(claude_request(messages=[{"role": "user", "content": "Hi"}, message]))
+    with pytest.raises(ValueError, match=words):
+        request.to_chat()
