@@ -35,3 +35,12 @@ class LoadError(MlxSpecError):
 
 class AudioWeightsError(LoadError):
     """The checkpoint's audio tower weights do not fit its audio config; the message names them."""
+
+
+class PromptStopped(MlxSpecError):
+    """The caller stopped a prompt while it went through the target (a request cancelled):
+    the sequence holds the part that went through, consistent, to be resumed or dropped."""
+
+    def __init__(self, processed: int):
+        self.processed = processed
+        super().__init__(f"the prompt was stopped after {processed} of its tokens went through")

@@ -12,12 +12,12 @@ through `Generation`. It owns what every front end would otherwise write again:
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .decoding.reports import TokenReport
 from .decoding.sequence import SequenceState
 from .decoding.stats import Stats
-from .errors import ContextError
+from .errors import ContextError, PromptStopped
 from .models.protocol import ANSWER, THOUGHT
 from .options import Options
 
@@ -53,9 +53,11 @@ class Generation:
     labels kept, every channel), as a raw completion returns it; otherwise on the answer."""
 
     def __init__(self, engine, prompt, options: Options, *, tools: Optional[List[dict]] = None,
-                 state: Optional[SequenceState] = None, cache=None, as_written: bool = False):
+                 state: Optional[SequenceState] = None, cache=None, as_written: bool = False,
+                 stop: Optional[Callable[[], bool]] = None):
         self.engine, self.prompt, self.options, self.tools = engine, prompt, options, tools
         self.state, self.cache, self.as_written = state, cache, as_written
+        self.stop = stop  # asked between prefill chunks: True stops the prompt (PromptStopped)
         self.decoder = engine.decoder(options)
         self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
         self.prompt_tokens: Optional[int] = None
@@ -78,7 +80,10 @@ class Generation:
         if self.state is None:
             self.state = self.cache.take(tokens, spans)[0] if self.cache is not None else SequenceState(self.engine.target)
         try:
-            self.decoder.start(self.state, tokens, spans)
+            self.decoder.start(self.state, tokens, spans, self.stop)
+        except PromptStopped:
+            self.close()  # the part that went through goes back to the prompt cache, consistent
+            raise
         except BaseException:
             self.cache = None  # a failed prompt's sequence never goes back to the prompt cache
             raise
@@ -96,7 +101,7 @@ class Generation:
             yield from self._release(self.stops.flush())
         finally:
             stream.close()  # now, not when collected: the caches hold exactly what was handed over
-            self._give_back()
+            self.close()
             self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit)
 
     def _release(self, reports: List[TokenReport]) -> Iterator[TokenReport]:
@@ -104,7 +109,11 @@ class Generation:
             self.released.append(report)
             yield report
 
-    def _give_back(self) -> None:
+    def close(self) -> None:
+        """Give the sequence back to the prompt cache (once): at the end of the iteration, or
+        by a caller that started the prompt and will not iterate. Close an iteration that
+        began before (its own end gives the sequence back, the caches cut to what it handed
+        over)."""
         if self.cache is not None and self.state is not None:
             self.cache.give_back(self.state)
             self.cache = None  # once

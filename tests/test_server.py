@@ -327,6 +327,22 @@ def test_a_client_that_times_out_without_streaming_frees_the_model(server, clien
     assert ids(reply.choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=10).tokens
 
 
+def test_a_client_that_leaves_during_a_long_prompt_stops_it_and_keeps_its_part(server, client, model, engine):
+    """A client leaves a second into a prompt of 3,500 tokens (seconds of prefill here): the
+    prompt stops at its next chunk, and the part that went through goes back to the prompt
+    cache, so the same prompt sent again resumes it and answers as the engine does."""
+    import numpy as np
+
+    prompt = np.random.RandomState(5).randint(110, 380, 3500).tolist()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 5},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=1)
+    server.wait_idle(timeout=60)
+    again = client.completions.create(model=model, prompt=prompt, max_tokens=5, extra_body={"x_report": True})
+    assert 0 < again.usage.x_prompt_reused < len(prompt) - 2, again.usage  # stopped part way, the part kept
+    assert ids(again.choices[0].x_tokens) == engine.generate(prompt, max_tokens=5).tokens
+
+
 def test_a_model_that_calls_tools_round_trip(trained, checkpoints):
     """The tiny target trained to call two tools (tests/chat_script.py), through the server:
     the calls come back as OpenAI tool_calls with ids and finish_reason "tool_calls"; the

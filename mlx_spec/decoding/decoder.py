@@ -11,7 +11,7 @@ MTP off is the same loop with g = 0: one position per pass, the same reports and
 """
 
 import time
-from typing import Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import wired_limit
@@ -80,16 +80,19 @@ class Decoder:
         self.stats = Stats()
         self.pipeline = Pipeline(self.builder, self.policy, drafter, self.stats, self.stop_tokens)
 
-    def start(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = ()) -> None:
+    def start(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = (),
+              stop: Optional[Callable[[], bool]] = None) -> None:
         """Make `state` hold the prompt `tokens`, ready to generate: it goes back to the longest
         prefix it shares with them (see `SequenceState.rewind`), the rest goes through the
         target, and the point is marked for the next turn to come back to. (Whether the
-        prompt and its answer fit the context is the request path's to check: generation.py.)"""
+        prompt and its answer fit the context is the request path's to check: generation.py.)
+        `stop`: asked between prefill chunks (see `SequenceState.add_prompt`)."""
         held = state.rewind(tokens, spans)
-        self.add_tokens(state, tokens[held:], spans)
+        self.add_tokens(state, tokens[held:], spans, stop)
         state.mark()
 
-    def add_tokens(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = ()) -> None:
+    def add_tokens(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = (),
+                   stop: Optional[Callable[[], bool]] = None) -> None:
         """Append prompt tokens: all but the last go through the target now (in chunks). The
         tokens generated after them are a new answer (its uniforms start again at index 0). If
         the target fails on them, the state is emptied: its caches may be half written."""
@@ -101,7 +104,7 @@ class Decoder:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         start = time.perf_counter()
         reused = state.cached
-        processed = state.add_prompt(tokens, self.prefill_chunk, spans)
+        processed = state.add_prompt(tokens, self.prefill_chunk, spans, stop)
         self.stats.media_tokens += sum(s.item.tokens for s in state.spans if s.start >= reused)
         self.stats.prompt_reused += reused
         self.stats.prompt_tokens += processed

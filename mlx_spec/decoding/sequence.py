@@ -24,12 +24,13 @@ template leaves out when it renders the history); else from the latest mark befo
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
 from ..drafting.ngrams import NgramIndex
-from ..media.items import MediaSpan, outside_spans, shared_prefix, spans_before
+from ..errors import PromptStopped
+from ..media.items import MediaSpan, chunk_bounds, inside, outside_spans, shared_prefix, spans_before
 from ..models.cache import SlidingWindowCache, trim_cache
 from ..models.protocol import TargetModel
 from .limits import PREFILL_CHUNK, TRIM_ALLOWANCE
@@ -72,30 +73,44 @@ class SequenceState:
         self.marks: List[Mark] = []
         self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
 
-    def add_prompt(self, tokens: List[int], chunk: int = PREFILL_CHUNK, spans: Sequence[MediaSpan] = ()) -> int:
+    def add_prompt(self, tokens: List[int], chunk: int = PREFILL_CHUNK, spans: Sequence[MediaSpan] = (),
+                   stop: Optional[Callable[[], bool]] = None) -> int:
         """Append prompt tokens: the last settled token and all the new ones but the last go
         through the target now (in chunks of `chunk`); returns how many went through. `spans`:
         the media of the whole prompt (positions from its start); those among the new tokens
         put their embeddings at their soft tokens. The tokens generated after them are a new
         answer (its uniforms start again at index 0). If the target fails on them, the state is
-        emptied: its caches may be half written."""
+        emptied: its caches may be half written.
+
+        `stop`, asked between chunks: when it says so, the state keeps the tokens that went
+        through (a prefix of the prompt, consistent, resumable) and PromptStopped is raised."""
         first = len(self.tokens)
         new_spans = [s for s in spans if s.end > first]
         if any(s.start < first or s.end >= first + len(tokens) for s in new_spans):
             raise ValueError("a media item must lie wholly among the new prompt tokens, before the last")
         to_process = self.tokens[-1:] + list(tokens[:-1])
-        if to_process:
+        start = self.cached  # the position of to_process[0]
+        pieces = list(chunk_bounds(len(to_process), chunk, new_spans, start)) if stop else [(0, len(to_process))]
+        for lo, hi in pieces if to_process else []:
+            if lo > 0 and stop():
+                kept = lo + (1 if not first else 0)  # the last kept token is not yet through, as always
+                self._keep(tokens[:kept], [s for s in new_spans if s.end <= start + lo])
+                raise PromptStopped(lo)
             try:
-                hidden = self.target.prefill(mx.array([to_process]), self.cache, chunk, new_spans, self.cached)
+                hidden = self.target.prefill(mx.array([to_process[lo:hi]]), self.cache, chunk,
+                                             inside(new_spans, start + lo, start + hi), start + lo)
                 mx.eval(hidden)
             except BaseException:
                 self.clear()
                 raise
             self.hidden = hidden
-        self.tokens.extend(tokens)
-        self.spans.extend(new_spans)
-        self.generated = 0
+        self._keep(tokens, new_spans)
         return len(to_process)
+
+    def _keep(self, tokens: List[int], spans: Sequence[MediaSpan]) -> None:
+        self.tokens.extend(tokens)
+        self.spans.extend(spans)
+        self.generated = 0
 
     def settle(self, tokens: List[int], hidden: mx.array) -> None:
         """A cycle's output tokens are settled; `hidden` is the target's hidden state at the

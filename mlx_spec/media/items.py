@@ -12,7 +12,7 @@ between the begin and end markers the processor writes around them.
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, List, NamedTuple, Sequence, Tuple
+from typing import Callable, Iterator, List, NamedTuple, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -89,3 +89,29 @@ def outside_spans(length: int, spans: Sequence[MediaSpan]) -> int:
 def spans_before(spans: List[MediaSpan], length: int) -> List[MediaSpan]:
     """The spans that lie wholly in the first `length` positions."""
     return [s for s in spans if s.end <= length]
+
+
+def chunk_bounds(length: int, chunk: int, spans: Sequence[MediaSpan], start: int) -> Iterator[Tuple[int, int]]:
+    """[lo, hi) ranges of at most `chunk` positions covering `length` positions from position
+    `start`, never cutting a span (a chunk that would end inside one runs to its end)."""
+    lo = 0
+    while lo < length:
+        hi = min(lo + chunk, length)
+        for span in spans:
+            if span.start - start < hi < span.end - start:
+                hi = span.end - start
+        yield lo, hi
+        lo = hi
+
+
+def inside(spans: Sequence[MediaSpan], lo: int, hi: int) -> List[MediaSpan]:
+    """The spans within absolute positions [lo, hi); one cut by that range is an error (a
+    caller resumed a sequence inside an item)."""
+    found = []
+    for span in spans:
+        if span.end <= lo or span.start >= hi:
+            continue
+        if span.start < lo or span.end > hi:
+            raise ValueError(f"positions {lo}..{hi} cut the {span.item.kind} at {span.start}..{span.end}")
+        found.append(span)
+    return found

@@ -4,16 +4,19 @@ turned into the events the server answers with.
 `prompt_tokens(...)` renders and tokenizes a request's prompt, and checks that it fits, before
 the job reaches the model's thread (the route runs it on a thread of its own), so that a long
 prompt holds up no other request. `generation(...)` returns the job for the worker: a function
-of (engine, prompt cache) that yields `Started` once the prompt has gone through the model
-(errors come before it, so the server can still answer with a status), a `Token` per token the
-client may see, and `Done`.
+of (engine, prompt cache, cancelled) that yields `Started` once the prompt has gone through the
+model (errors come before it, so the server can still answer with a status), a `Token` per
+token the client may see, and `Done`. `cancelled()` is asked between the prompt's chunks: a
+client that leaves during a long prompt stops it at the next chunk. However the job ends
+(done, closed at any event, stopped in its prompt), its sequence goes back to the prompt
+cache consistent.
 """
 
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from ..decoding.reports import TokenReport
-from ..errors import ContextError
+from ..errors import ContextError, PromptStopped
 from ..generation import Generation, tokens_to_generate
 from ..media.items import Prepared
 from ..options import Options
@@ -63,17 +66,24 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
     """The job for one request (see the module docstring). as_written: the text is the model's
     own (channel markers and labels kept, every channel), as a raw completion returns it."""
 
-    def work(engine, cache) -> Iterator[Any]:
-        answer = Generation(engine, prompt, options, tools=tools, cache=cache, as_written=as_written)
+    def work(engine, cache, cancelled: Callable[[], bool] = lambda: False) -> Iterator[Any]:
+        answer = Generation(engine, prompt, options, tools=tools, cache=cache, as_written=as_written, stop=cancelled)
+        reports = iter(answer)  # not begun until the first next(): closing it then does nothing
         try:
-            prompt_tokens = answer.start()
-        except ContextError as e:
-            raise context_exceeded(e) from None
-        # The prompt went through: from here on, the request is answered.
-        yield Started(prompt_tokens, answer.decoder.stats.prompt_reused)
-        for report in answer:
-            yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
-        yield Done(answer.result, answer.result.finish_reason, answer.text, answer.stops.matched)
+            try:
+                prompt_tokens = answer.start()
+            except ContextError as e:
+                raise context_exceeded(e) from None
+            except PromptStopped:
+                return  # the client left: nobody to answer
+            # The prompt went through: from here on, the request is answered.
+            yield Started(prompt_tokens, answer.decoder.stats.prompt_reused)
+            for report in reports:
+                yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
+            yield Done(answer.result, answer.result.finish_reason, answer.text, answer.stops.matched)
+        finally:  # closed at any event (the client left): the stream first, then the sequence
+            reports.close()
+            answer.close()
 
     return work
 

@@ -3,7 +3,8 @@
 One thread owns the model: it loads it (MLX arrays belong to the stream of the thread that made
 them) and runs every MLX computation, one request at a time, so the event loop stays free to read
 and answer other connections. A request is a `Job`: a function the
-thread calls with the engine and the prompt cache, returning a generator of events. The events
+thread calls with the engine, the prompt cache and a function that says whether the job was
+cancelled (asked between a long prompt's chunks), returning a generator of events. The events
 reach the event loop through an asyncio queue. Cancelling a job (its client left) closes its
 generator after the current event: the engine's stream closes, the sequence goes back to the
 prompt cache consistent, and the next job starts.
@@ -127,7 +128,7 @@ class Worker:
             return False
         events = None
         try:
-            events = job.work(self.engine, self.cache)
+            events = job.work(self.engine, self.cache, job.cancelled.is_set)
             for event in events:
                 if job.cancelled.is_set():
                     return False

@@ -8,41 +8,15 @@
 - Where the config asks for it (`use_bidirectional_attention: "vision"`), an image's soft tokens
   see each other both ways on the sliding-window layers (full layers stay causal, audio stays
   causal), as transformers' `create_masks_for_vision_model` builds it. An image therefore goes
-  through in one chunk (`chunk_bounds`).
+  through in one chunk (`media.items.chunk_bounds`).
 """
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import mlx.core as mx
 
 from ...media.items import IMAGE, MediaSpan
 from ..cache import SlidingWindowCache
-
-
-def chunk_bounds(length: int, chunk: int, spans: Sequence[MediaSpan], start: int) -> Iterator[Tuple[int, int]]:
-    """[lo, hi) ranges of at most `chunk` positions covering `length` positions from position
-    `start`, never cutting a span (a chunk that would end inside one runs to its end)."""
-    lo = 0
-    while lo < length:
-        hi = min(lo + chunk, length)
-        for span in spans:
-            if span.start - start < hi < span.end - start:
-                hi = span.end - start
-        yield lo, hi
-        lo = hi
-
-
-def inside(spans: Sequence[MediaSpan], lo: int, hi: int) -> List[MediaSpan]:
-    """The spans within absolute positions [lo, hi); one cut by that range is an error (a
-    caller resumed a sequence inside an item)."""
-    found = []
-    for span in spans:
-        if span.end <= lo or span.start >= hi:
-            continue
-        if span.start < lo or span.end > hi:
-            raise ValueError(f"positions {lo}..{hi} cut the {span.item.kind} at {span.start}..{span.end}")
-        found.append(span)
-    return found
 
 
 def hidden_with_media(target, tokens: mx.array, cache: list, spans: Sequence[MediaSpan], start: int) -> mx.array:

@@ -12,12 +12,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
-from ...media.items import MediaSpan
+from ...media.items import MediaSpan, chunk_bounds, inside
 from ..cache import FullCache, SlidingWindowCache
 from ..protocol import SharedKV
 from ..traces import TraceCache
 from .facts import FULL, SLIDING, cached_layer_types, kv_source_layers
-from .media_prefill import chunk_bounds, hidden_with_media, inside
+from .media_prefill import hidden_with_media
 from ..compiled_pass import MAX_POSITIONS, CompiledPass
 
 
