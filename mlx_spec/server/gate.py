@@ -50,6 +50,11 @@ class Gate:
         """The messages with their remote media fetched where the server allows it."""
         return await asyncio.to_thread(screen_media, messages, self.allow_files, self.allow_fetch, self.max_body_bytes)
 
+    async def chat_prompt(self, chat, options: Options):
+        """A chat request's prompt (every dialect's request becomes one): its media screened,
+        then its tokens (see `tokens_of`)."""
+        return await self.tokens_of(await self.screened(chat.messages), options, chat.active_tools)
+
     async def tokens_of(self, prompt, options: Options, tools=None):
         """The prompt's tokens, on a thread of its own (see `prompt_tokens`)."""
         try:

@@ -26,7 +26,7 @@ def add_messages_routes(app: FastAPI, gate: Gate) -> None:
         gate.check_model(req.model)
         chat = translated(req)
         options = ceiling(chat.options(gate.defaults))
-        tokens = await gate.tokens_of(await gate.screened(chat.messages), options, chat.active_tools)
+        tokens = await gate.chat_prompt(chat, options)
         form = MessagesFormat(gate.names.id, req.x_report)
         response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
         _, ignored = req.function_tools()
@@ -42,5 +42,5 @@ def add_messages_routes(app: FastAPI, gate: Gate) -> None:
         gate.check_model(req.model)
         chat = translated(req)
         options = chat.options(gate.defaults)
-        prepared = await gate.tokens_of(await gate.screened(chat.messages), options, chat.active_tools)
+        prepared = await gate.chat_prompt(chat, options)
         return {"input_tokens": len(prepared.tokens)}

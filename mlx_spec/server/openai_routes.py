@@ -31,7 +31,7 @@ def add_openai_routes(app: FastAPI, gate: Gate) -> None:
         req = await parse(request, ChatRequest)
         gate.check_model(req.model)
         options = req.options(gate.defaults)
-        tokens = await gate.tokens_of(await gate.screened(req.messages), options, req.active_tools)
+        tokens = await gate.chat_prompt(req, options)
         form = ChatFormat(names.id, bool(req.logprobs), req.top_logprobs or 0, req.x_report)
         return await answer(request, worker.submit(generation(tokens, options)), form, req.stream, req.include_usage)
 

@@ -49,7 +49,7 @@ def add_responses_routes(app: FastAPI, gate: Gate) -> None:
         gate.check_model(req.model)
         chat, ignored = translated(req)
         options = ceiling(chat.options(gate.defaults))
-        tokens = await gate.tokens_of(await gate.screened(chat.messages), options, chat.active_tools)
+        tokens = await gate.chat_prompt(chat, options)
         form = ResponsesFormat(gate.names.id, echo(req), req.x_report)
         response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
         if ignored:

@@ -1,4 +1,6 @@
-"""Request models of the OpenAI-compatible API, and the error object every failure returns.
+"""Request models of OpenAI's chat completions and completions (the Responses and Messages
+requests become chat requests: responses_api.py, messages_api.py), and the error object every
+failure returns.
 
 Fields OpenAI defines are checked for their types (a wrong type is a 400 naming the field);
 fields we do not know are ignored, as OpenAI's own clients send many optional ones. What we
@@ -9,16 +11,7 @@ modes, echo) is refused by name rather than silently dropped.
 import json
 from typing import Any, Dict, List, Optional, Union
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
