@@ -13,6 +13,8 @@ from .decoding.decoder import Decoder
 from .decoding.prompt_cache import PromptCache
 from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
 from .errors import SettingsError
+from .decoding.batch_policy import BatchDraftLength
+from .decoding.limits import ADAPTIVE_MAX_G
 from .generation import Generation, GenerationResult
 from .media.items import Prepared
 from .media.prompt import has_media
@@ -20,6 +22,7 @@ from .media.side import MediaSide
 from .models import FAMILIES
 from .models.pair import ModelPair
 from .options import Options, make
+from .together import Many
 from .text import TextSide, is_messages
 
 Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]], Prepared]
@@ -34,6 +37,9 @@ class Engine:
                                                               pair.family.load_media)
         self.mtp_drafter = MTPDrafter(pair.assistant, pair.target) if pair.assistant is not None else None
         self.lookup = PromptLookup()
+        # What a batch step costs, by rows and positions: learnt once for this engine, by every
+        # batch on it (decoding/batch_policy.py).
+        self.batch_policy = BatchDraftLength(ADAPTIVE_MAX_G)
 
     @classmethod
     def of(cls, target, assistant=None, tokenizer=None, stop_tokens: Sequence[int] = (), family=None) -> "Engine":
@@ -45,7 +51,7 @@ class Engine:
     def with_stop_tokens(self, stop_tokens: Sequence[int]) -> "Engine":
         """This engine's models and media with exactly these stop tokens."""
         engine = Engine(self.pair, self.text.with_stop_tokens(stop_tokens), self.media)
-        engine.mtp_drafter, engine.lookup = self.mtp_drafter, self.lookup
+        engine.mtp_drafter, engine.lookup, engine.batch_policy = self.mtp_drafter, self.lookup, self.batch_policy
         return engine
 
     # -- what it holds ---------------------------------------------------------------------
@@ -156,6 +162,30 @@ class Engine:
         for _ in generation:
             pass
         return generation.result
+
+    def generate_many(self, prompts: Sequence[Prompt], options: Union[None, Options, Sequence[Options]] = None, *,
+                      tools: Optional[List[dict]] = None, cache: Optional[PromptCache] = None,
+                      **settings) -> List[GenerationResult]:
+        """Several answers at once, decoded together (see `stream_many`): each result is the
+        one `generate` gives for its prompt alone."""
+        answers = self.stream_many(prompts, options, tools=tools, cache=cache, **settings)
+        for _ in answers:
+            pass
+        return answers.results
+
+    def stream_many(self, prompts: Sequence[Prompt], options: Union[None, Options, Sequence[Options]] = None, *,
+                    tools: Optional[List[dict]] = None, cache: Optional[PromptCache] = None,
+                    **settings) -> Many:
+        """Iterate for (index of the prompt, report) as the answers settle, decoded together: one target
+        pass verifies every answer's guesses, each drafting its own (decoding/batch.py).
+        `options`: one Options for all, or one per prompt; the keyword settings apply to all.
+        Each answer is exactly the one it gives alone (greedy, or sampled with its own seed);
+        `.results` holds them once the iteration ended."""
+        if options is None or isinstance(options, Options):
+            options = make(options, **settings)
+        else:
+            options = [make(o, **settings) for o in options]
+        return Many(self, prompts, options, tools, cache)
 
     def chat(self, system_prompt: Optional[str] = None, tools: Optional[List[dict]] = None,
              options: Optional[Options] = None, **settings) -> ChatSession:

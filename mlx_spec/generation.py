@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .decoding.reports import TokenReport
+from .decoding.reports import WAITING, TokenReport
 from .decoding.sequence import SequenceState
 from .decoding.stats import Stats
 from .errors import ContextError, PromptStopped
@@ -54,10 +54,13 @@ class Generation:
 
     def __init__(self, engine, prompt, options: Options, *, tools: Optional[List[dict]] = None,
                  state: Optional[SequenceState] = None, cache=None, as_written: bool = False,
-                 stop: Optional[Callable[[], bool]] = None):
+                 stop: Optional[Callable[[], bool]] = None, batch=None):
         self.engine, self.prompt, self.options, self.tools = engine, prompt, options, tools
         self.state, self.cache, self.as_written = state, cache, as_written
         self.stop = stop  # asked between prefill chunks: True stops the prompt (PromptStopped)
+        # A Batch (decoding/batch.py) to decode in with other requests: iterating then gives
+        # WAITING whenever this answer has nothing new until the batch's next step.
+        self.batch = batch
         self.decoder = engine.decoder(options)
         self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
         self.prompt_tokens: Optional[int] = None
@@ -92,15 +95,23 @@ class Generation:
 
     def __iter__(self) -> Iterator[TokenReport]:
         self.start()
-        stream = self.engine.text.with_text(self.decoder.generate(self.state, self.limit))
+        if self.batch is not None:
+            source = self.batch.join(self.decoder, self.state, self.limit)
+        else:
+            source = self.decoder.generate(self.state, self.limit)
+        stream = self.engine.text.with_text(source)
         try:
             for step in stream:
+                if step is WAITING:
+                    yield step
+                    continue
                 yield from self._release(self.stops.feed(dataclasses.replace(step, text=step.raw) if self.as_written else step))
                 if self.stops.hit:
                     break
             yield from self._release(self.stops.flush())
         finally:
             stream.close()  # now, not when collected: the caches hold exactly what was handed over
+            source.close()
             self.close()
             self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit)
 

@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set
 
-from .decoding.reports import TokenReport
+from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
 from .models.checkpoint import Checkpoint
 
@@ -137,6 +137,9 @@ class TextSide:
         detokenizer.reset()
         channels = self.format.channels(self.tokenizer)
         for report in reports:
+            if report is WAITING:  # a batch row with nothing new yet (decoding/batch.py)
+                yield report
+                continue
             if report.token in self.stop_tokens:
                 report.text = report.raw = ""
             else:

@@ -254,7 +254,7 @@ def test_two_clients_at_once(server, client, model, engine):
         assert ids(answers[q].choices[0].x_tokens) == engine.generate(ask(q), max_tokens=60).tokens
 
 
-def test_queue_is_visible_and_a_dropped_stream_frees_the_model(server, client, model, engine):
+def test_requests_run_together_and_a_dropped_stream_frees_its_row(server, client, model, engine):
     long = dict(model=model, messages=ask("What time is it?"), max_tokens=3000, extra_body={"mtp": False})
     served = server.health()["served"]
     stream = client.chat.completions.create(stream=True, **long)
@@ -266,11 +266,11 @@ def test_queue_is_visible_and_a_dropped_stream_frees_the_model(server, client, m
         model=model, messages=ask("Hi"), max_tokens=8, extra_body={"x_report": True})))
     queued.start()
     busy = server.health()
-    for _ in range(100):
-        if busy["waiting"] == 1:
+    for _ in range(200):
+        if busy["batch"]["rows"] == 2:
             break
         busy = server.health()
-    assert busy["running"] == 1 and busy["waiting"] == 1
+    assert busy["running"] == 2 and busy["waiting"] == 0 and busy["batch"]["rows"] == 2  # decoding together
     # The model's work does not hold up the event loop: other connections are answered at once.
     started = time.perf_counter()
     for _ in range(5):

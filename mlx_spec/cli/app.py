@@ -81,6 +81,9 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every /v1 request.")
 @click.option("--cache-gb", type=float, default=4.0, show_default=True,
               help="Memory for the prompt cache of recent conversations (least recently used go first; 0 turns it off).")
+@click.option("--max-batch", type=int, default=8, show_default=True,
+              help="Requests decoded together at most (the rest wait in order); each drafts its own guesses. "
+                   "1 answers one at a time.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="uvicorn's log level.")
 @click.option("--served-model-name", "served_names", multiple=True, metavar="NAME",
@@ -92,8 +95,8 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
               help="Answer every model name a request gives with the served model (for agents that ask for names "
                    "of their own, such as Claude Code); without it, an unknown name is a 404.")
 def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-          thinking, image_tokens, host, port, api_key, cache_gb, log_level, served_names, allow_files, allow_fetch,
-          any_model):
+          thinking, image_tokens, host, port, api_key, cache_gb, max_batch, log_level, served_names, allow_files,
+          allow_fetch, any_model):
     """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses), Anthropic's
     (/v1/messages) and the token page at /.
 
@@ -103,14 +106,17 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
                             image_tokens=image_tokens)
     if cache_gb < 0:
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
+    if max_batch < 1:
+        raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
     from ..server import (
         serve as run_server,  # FastAPI and uvicorn only for this command
     )
 
     settings = memory_settings()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
-    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, log_level=log_level,
-               served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch, any_model=any_model)
+    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, max_batch=max_batch,
+               log_level=log_level, served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch,
+               any_model=any_model)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").
@@ -125,7 +131,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(table, args):
     """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
-    controlled, overhead, media, or all. `mlx-spec bench TABLE --help` lists its options."""
+    controlled, overhead, media, batch, or all. `mlx-spec bench TABLE --help` lists its options."""
     from .. import bench as tables
 
     if table in (None, "-h", "--help"):

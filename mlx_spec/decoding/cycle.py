@@ -143,26 +143,32 @@ class CycleBuilder:
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target.forward(inputs, state.cache, start.offset)
+        kept, tokens, reports = self.verify(start, logits[0], draft)
+        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps],
+                     traced=self.target.traces.made > traces)
+
+    def verify(self, start: Start, logits: mx.array, draft: Draft):
+        """(kept, tokens, reports) of a draft from the target's logits [g + 1, V] at the last
+        settled token and the guesses, with the uniforms of the cycle's output positions."""
+        g = draft.tokens.shape[0]
 
         def uniforms(stream, first, n):
             return start.uniforms(self.uniforms[stream], first, n)
 
         if draft.q is None:
-            kept, tokens, reports = self.verifier.by_match(logits[0], draft.tokens, uniforms("target", 0, g + 1))
-        else:
-            kept, tokens, reports = self.verifier.by_ratio(
-                logits[0],
-                draft.tokens,
-                draft.q,
-                uniforms("accept", 0, g)[:, 0],
-                uniforms("residual", 0, g),
-                uniforms("target", g, 1)[0],
-            )
-        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps],
-                     traced=self.target.traces.made > traces)
+            return self.verifier.by_match(logits, draft.tokens, uniforms("target", 0, g + 1))
+        return self.verifier.by_ratio(
+            logits,
+            draft.tokens,
+            draft.q,
+            uniforms("accept", 0, g)[:, 0],
+            uniforms("residual", 0, g),
+            uniforms("target", g, 1)[0],
+        )
 
-    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
-        context = DraftContext(
+    def context(self, state: SequenceState, start: Start, g: int) -> DraftContext:
+        """What a drafter reads for a cycle from `start`."""
+        return DraftContext(
             tokens=state.tokens,
             ngrams=state.ngrams,
             last_token=start.last,
@@ -172,10 +178,16 @@ class CycleBuilder:
             uniforms=start.uniforms(self.uniforms["draft"], 0, g),
             ahead=start.ahead,
         )
-        draft = yield from drafter.draft_steps(context, g)
+
+    def check(self, draft: Draft, g: int) -> Draft:
+        """The draft, if it is one of up to g guesses (a drafter given by a user may be wrong)."""
         n = draft.tokens.shape[0] if draft.tokens.ndim == 1 else -1
         if not 0 <= n <= g or not mx.issubdtype(draft.tokens.dtype, mx.integer):
             raise SettingsError(f"drafter returned guesses {draft.tokens.shape} {draft.tokens.dtype}, expected up to {g} integers")
         if draft.q is not None and draft.q.shape != (n, self.target.vocab_size):
             raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({n}, {self.target.vocab_size})")
         return draft
+
+    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
+        draft = yield from drafter.draft_steps(self.context(state, start, g), g)
+        return self.check(draft, g)

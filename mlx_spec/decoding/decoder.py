@@ -140,7 +140,7 @@ class Decoder:
                 upcoming = self.pipeline.advance(state, running, budget)
                 yield from pending.hand_over()  # while the device works on `running`
                 outcome = self.pipeline.sync(running, budget, upcoming)
-                pending = self._settle(state, running, outcome)
+                pending = self.settle(state, running, outcome)
                 produced += len(outcome.tokens)
                 if outcome.stopped:
                     break
@@ -154,9 +154,10 @@ class Decoder:
             self.stats.generation_seconds += time.perf_counter() - began
             self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
-    def _settle(self, state: SequenceState, cycle: Cycle, outcome: Outcome) -> _Pending:
+    def settle(self, state: SequenceState, cycle: Cycle, outcome: Outcome, timed: bool = True) -> _Pending:
         """Append the cycle's tokens to the state and cut its rejected guesses from the caches
-        (a cycle queued after it keeps its positions, which follow the settled ones)."""
+        (a cycle queued after it keeps its positions, which follow the settled ones). `timed`:
+        whether the cycle's time is its own (in a batch it is the batch's: decoding/batch.py)."""
         n = len(outcome.tokens)
         reports = build_reports(outcome.figures, outcome.tokens, [i < outcome.kept for i in range(n)], self.stats.cycles)
         # The caches hold the last settled token and g guesses; keep it and n - 1 guesses.
@@ -169,7 +170,8 @@ class Decoder:
         self.stats.prebuilt += cycle.built_ahead
         # A cycle that traced a compiled function is not timed: one trace of E2B's pass takes
         # several cycles' time, and a length it made look dear would not be tried again.
-        self.policy.observe(cycle.g, min(outcome.kept, n), None if cycle.traced else cycle.seconds, asked=cycle.asked)
+        self.policy.observe(cycle.g, min(outcome.kept, n), cycle.seconds if timed and not cycle.traced else None,
+                           asked=cycle.asked)
         return _Pending(reports, hidden_before, cycle.hidden)
 
     def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:

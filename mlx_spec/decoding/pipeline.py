@@ -52,6 +52,19 @@ class Outcome:
     stopped: bool
 
 
+def outcome(cycle: Cycle, budget: int, stop_tokens) -> Outcome:
+    """A synced cycle's output: its kept guesses and the token after them, cut at the budget
+    and after the first stop token."""
+    kept = cycle.kept.item()
+    tokens = cycle.tokens.tolist()[: kept + 1][:budget]
+    stopped = False
+    for i, token in enumerate(tokens):
+        if token in stop_tokens:
+            tokens, stopped = tokens[: i + 1], True
+            break
+    return Outcome(tokens, kept, {k: v.tolist() for k, v in cycle.reports.items()}, stopped)
+
+
 class Pipeline:
     def __init__(self, builder: CycleBuilder, policy, drafter: Optional[Drafter], stats: Stats, stop_tokens=()):
         self.builder, self.policy, self.drafter, self.stats = builder, policy, drafter, stats
@@ -103,14 +116,7 @@ class Pipeline:
         cycle.seconds += synced - began
         self.stats.waited_seconds += synced - began
         self.synced_at = None if upcoming is not None else synced
-        kept = cycle.kept.item()
-        tokens = cycle.tokens.tolist()[: kept + 1][:budget]
-        stopped = False
-        for i, token in enumerate(tokens):
-            if token in self.stop_tokens:
-                tokens, stopped = tokens[: i + 1], True
-                break
-        return Outcome(tokens, kept, {k: v.tolist() for k, v in cycle.reports.items()}, stopped)
+        return outcome(cycle, budget, self.stop_tokens)
 
     def _next(self, state: SequenceState, running: Cycle, budget: int) -> Optional[HostWork]:
         """The next cycle's build, in pieces, from `running`'s lazy outputs."""

@@ -14,6 +14,17 @@ from ..sampling.distribution import Distribution
 TOP = 5
 
 
+class Waiting:
+    """What a reader of a batch row gives when nothing has settled since it last read: the
+    batch must step first (decoding/batch.py). The request path passes it through untouched."""
+
+    def __repr__(self) -> str:
+        return "WAITING"
+
+
+WAITING = Waiting()
+
+
 @dataclass
 class TokenReport:
     """One generated token. The distribution figures are None when reports are switched off."""

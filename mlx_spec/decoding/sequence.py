@@ -31,6 +31,7 @@ import mlx.core as mx
 from ..drafting.ngrams import NgramIndex
 from ..errors import PromptStopped
 from ..media.items import MediaSpan, chunk_bounds, inside, outside_spans, shared_prefix, spans_before
+from ..models.batch_cache import BatchCaches, BatchSlot
 from ..models.cache import SlidingWindowCache, trim_cache
 from ..models.protocol import TargetModel
 from .limits import PREFILL_CHUNK, TRIM_ALLOWANCE
@@ -72,6 +73,20 @@ class SequenceState:
         self.generated = 0  # tokens generated in the current answer, the index of the next uniform
         self.marks: List[Mark] = []
         self.ngrams = NgramIndex()  # where each short n-gram last occurred (prompt lookup)
+
+    def enter(self, batch: BatchCaches) -> None:
+        """Lend the caches to a batch (decoding/batch.py): they are copied into a row of its
+        storage, and until `leave` this state's caches are that row (its offset and `trim`)."""
+        self.cache = [batch.add(self.cache)]
+
+    def leave(self, batch: BatchCaches) -> None:
+        """Take the caches back from the batch: the row's K/V, up to its offset, as our own."""
+        fresh = [c for c in self.target.make_cache(max_trim=self.max_trim) if isinstance(c, SlidingWindowCache)]
+        self.cache = batch.remove(self.cache[0], fresh)
+
+    @property
+    def in_batch(self) -> bool:
+        return isinstance(self.cache[0], BatchSlot)
 
     def add_prompt(self, tokens: List[int], chunk: int = PREFILL_CHUNK, spans: Sequence[MediaSpan] = (),
                    stop: Optional[Callable[[], bool]] = None) -> int:

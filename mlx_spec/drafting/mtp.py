@@ -2,11 +2,11 @@
 compiled function that reads the target's K/V (the assistant keeps no cache of its own). Any
 family's draft model that follows models/protocol.py's `DraftModel` drafts through this."""
 
-from typing import Optional
+from typing import Dict, Optional
 
 import mlx.core as mx
 
-from ..models.protocol import DraftModel, TargetModel
+from ..models.protocol import DraftModel, SharedKV, TargetModel
 from ..sampling.distribution import distribution
 from ..sampling.settings import SamplingSettings
 from .base import Draft, DraftContext, Drafter
@@ -57,6 +57,19 @@ class MTPDrafter(Drafter):
             yield
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source=self.source, steps=guesses)
+
+    def draft_batch(self, last: mx.array, hidden: mx.array, positions: mx.array, kv: Dict[str, SharedKV],
+                    g: int) -> mx.array:
+        """Argmax guesses [B, g] for the rows of a batch at once (decoding/batch.py): last
+        tokens [B, 1], hidden states [B, 1, H], positions [B], the batch's K/V (each row reads
+        its own, `Target.batch_drafter_buffers`); each step one compiled call for every row."""
+        kv = self.assistant.kv_inputs(kv)
+        step = self._step(None, tuple(a.shape for a in kv))
+        token, guesses = last.astype(mx.int32), []
+        for _ in range(g):
+            token, hidden = step(token, hidden, positions, *kv)
+            guesses.append(token)
+        return mx.concatenate(guesses, axis=1) if guesses else mx.zeros((last.shape[0], 0), mx.int32)
 
     def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
         """One draft step as a compiled function: a few fused kernels instead of hundreds of

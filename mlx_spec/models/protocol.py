@@ -40,15 +40,20 @@ class SharedKV:
     values: mx.array
     lo: Union[int, mx.array]  # first slot read
     hi: Union[int, mx.array]  # one past the last
+    # For a batch's rows (models/batch_cache.py): the position each slot holds, [B, capacity];
+    # lo and hi [B] are then positions, each row's own.
+    held: Optional[mx.array] = None
 
     def last(self, span: int) -> "SharedKV":
         """The newest `span` positions of this range."""
         if isinstance(self.hi, mx.array) or isinstance(self.lo, mx.array):
-            return SharedKV(self.keys, self.values, mx.maximum(self.lo, self.hi - span), self.hi)
+            return SharedKV(self.keys, self.values, mx.maximum(self.lo, self.hi - span), self.hi, self.held)
         return SharedKV(self.keys, self.values, max(self.lo, self.hi - span), self.hi)
 
     def mask(self) -> mx.array:
-        """[1, 1, 1, capacity], True where a slot is read (an attention mask for one query)."""
+        """[B, 1, 1, capacity], True where a slot is read (an attention mask for one query)."""
+        if self.held is not None:
+            return ((self.held >= self.lo[:, None]) & (self.held < self.hi[:, None]))[:, None, None]
         slots = mx.arange(self.keys.shape[-2])
         return ((slots >= self.lo) & (slots < self.hi))[None, None, None]
 

@@ -6,7 +6,7 @@ app.py: the app and its error handlers; gate.py: what every route checks (key, m
 the prompt's tokens); body.py: reading a request body strictly; schemas.py: chat and completion
 requests, and errors; names.py: the names the model answers to; generation.py: a request's
 prompt tokens, and what it does on the model's thread; streaming.py: a job's events as an HTTP
-answer; worker.py: the queue in front of the model. Per dialect, its routes, its requests
+answer; worker.py: the scheduler in front of the model (admission.py: whether a row's K/V fit). Per dialect, its routes, its requests
 translated to a chat request, and its answer objects and events:
 - chat completions and completions: openai_routes.py, schemas.py, chat_objects.py;
 - the Responses API: responses_routes.py, responses_api.py, responses_events.py;
@@ -24,14 +24,14 @@ __all__ = ["create_app", "serve", "Worker"]
 
 
 def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str = "127.0.0.1", port: int = 8080,
-          api_key: Optional[str] = None, cache_gb: float = 4.0, log_level: str = "info",
+          api_key: Optional[str] = None, cache_gb: float = 4.0, max_batch: int = 8, log_level: str = "info",
           served_names: Sequence[str] = (), allow_files: bool = False, allow_fetch: bool = False,
           any_model: bool = False) -> None:
     """Load the engine (`load()`, on the model's thread) and serve it until Ctrl-C (or SIGTERM):
     running answers are stopped, the model's thread ends, and the call returns."""
     import uvicorn
 
-    worker = Worker(load, int(cache_gb * 1e9))
+    worker = Worker(load, int(cache_gb * 1e9), max_batch)
     app = create_app(worker, model_id, defaults, api_key, served_names=served_names, allow_files=allow_files,
                      allow_fetch=allow_fetch, any_model=any_model)
 

@@ -4,9 +4,10 @@ turned into the events the server answers with.
 `prompt_tokens(...)` renders and tokenizes a request's prompt, and checks that it fits, before
 the job reaches the model's thread (the route runs it on a thread of its own), so that a long
 prompt holds up no other request. `generation(...)` returns the job for the worker: a function
-of (engine, prompt cache, cancelled) that yields `Started` once the prompt has gone through the
+of (engine, prompt cache, stop, batch) that yields `Started` once the prompt has gone through the
 model (errors come before it, so the server can still answer with a status), a `Token` per
-token the client may see, and `Done`. `cancelled()` is asked between the prompt's chunks: a
+token the client may see, WAITING while its row waits for the batch's next step, and `Done`.
+`stop()` is asked between the prompt's chunks (the worker runs the other rows' steps there): a
 client that leaves during a long prompt stops it at the next chunk. However the job ends
 (done, closed at any event, stopped in its prompt), its sequence goes back to the prompt
 cache consistent.
@@ -15,7 +16,7 @@ cache consistent.
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional
 
-from ..decoding.reports import TokenReport
+from ..decoding.reports import WAITING, TokenReport
 from ..errors import ContextError, PromptStopped
 from ..generation import Generation, tokens_to_generate
 from ..media.items import Prepared
@@ -66,8 +67,9 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
     """The job for one request (see the module docstring). as_written: the text is the model's
     own (channel markers and labels kept, every channel), as a raw completion returns it."""
 
-    def work(engine, cache, cancelled: Callable[[], bool] = lambda: False) -> Iterator[Any]:
-        answer = Generation(engine, prompt, options, tools=tools, cache=cache, as_written=as_written, stop=cancelled)
+    def work(engine, cache, stop: Callable[[], bool] = lambda: False, batch=None) -> Iterator[Any]:
+        answer = Generation(engine, prompt, options, tools=tools, cache=cache, as_written=as_written, stop=stop,
+                            batch=batch)
         reports = iter(answer)  # not begun until the first next(): closing it then does nothing
         try:
             try:
@@ -79,12 +81,17 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             # The prompt went through: from here on, the request is answered.
             yield Started(prompt_tokens, answer.decoder.stats.prompt_reused)
             for report in reports:
+                if report is WAITING:  # nothing new until the batch's next step
+                    yield report
+                    continue
                 yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
             yield Done(answer.result, answer.result.finish_reason, answer.text, answer.stops.matched)
         finally:  # closed at any event (the client left): the stream first, then the sequence
             reports.close()
             answer.close()
 
+    # The most positions the request's sequence may reach: what the worker's memory check counts.
+    work.positions = len(prompt.tokens if isinstance(prompt, Prepared) else prompt) + options.max_tokens
     return work
 
 

@@ -1,29 +1,41 @@
-"""The queue in front of the one model.
+"""The scheduler in front of the one model.
 
 One thread owns the model: it loads it (MLX arrays belong to the stream of the thread that made
-them) and runs every MLX computation, one request at a time, so the event loop stays free to read
-and answer other connections. A request is a `Job`: a function the
-thread calls with the engine, the prompt cache and a function that says whether the job was
-cancelled (asked between a long prompt's chunks), returning a generator of events. The events
-reach the event loop through an asyncio queue. Cancelling a job (its client left) closes its
-generator after the current event: the engine's stream closes, the sequence goes back to the
-prompt cache consistent, and the next job starts.
+them) and runs every MLX computation, so the event loop stays free to read and answer other
+connections. A request is a `Job`: a function the thread calls with the engine, the prompt
+cache, a `stop` callback to pass its prompt (asked between chunks) and the batch it decodes in,
+returning a generator of events. The events reach the event loop through an asyncio queue.
+
+Up to `max_batch` jobs run at once, decoding together (mlx_spec/together.py: one target pass
+verifies every row's guesses; a new prompt goes in by chunks between the others' steps); the
+rest wait in order. A job is admitted only while the K/V of every running row and its own fit
+in memory (`KVRoom`); a job that could never fit alone is refused with a 400. Cancelling a job
+(its client left) ends its row at the next chunk or step: the sequence goes back to the prompt
+cache consistent, and the next job in the queue takes its place.
 """
 
 import asyncio
 import queue
 import threading
+from collections import deque
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
+from mlx_lm.generate import wired_limit
+
 from ..decoding.prompt_cache import PromptCache
+from ..together import Together
+from .admission import KVRoom, too_big
+from .schemas import APIError
 
 END = object()
+DEFAULT_MAX_BATCH = 8
 
 
 class Job:
-    def __init__(self, work: Callable[[Any, Any], Iterator[Any]], loop: asyncio.AbstractEventLoop):
+    def __init__(self, work: Callable[..., Iterator[Any]], loop: asyncio.AbstractEventLoop, positions: int = 0):
         self.work = work
         self.loop = loop
+        self.positions = positions  # the most positions its sequence may reach (prompt and answer)
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
 
@@ -49,42 +61,48 @@ class Job:
 
 
 class Worker:
-    """One thread running jobs in order over one engine and one prompt cache."""
+    """One thread running up to `max_batch` jobs together over one engine and one prompt cache."""
 
-    def __init__(self, load: Callable[[], Any], cache_bytes: int):
-        """load: makes the Engine, on the model's thread; its errors are raised here."""
-        self.engine, self.cache, self._load_error = None, None, None
+    def __init__(self, load: Callable[[], Any], cache_bytes: int, max_batch: int = DEFAULT_MAX_BATCH,
+                 kv_budget: Optional[int] = None):
+        """load: makes the Engine, on the model's thread; its errors are raised here.
+        kv_budget: bytes the rows' K/V may take (None: what memory leaves, see admission.py)."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.engine, self.cache, self.room, self._load_error = None, None, None, None
         self.jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
-        self.waiting = 0  # jobs submitted and not started
-        self.running = 0  # 1 while a job runs
-        self.current: Optional[Job] = None
+        self.waiting: deque = deque()  # jobs taken off the queue, not admitted yet (no room)
+        self.running: list = []
         self.served = 0
         self.dropped = 0  # jobs whose client left
+        self.snapshot = {"rows": 0, "tokens_per_second": 0.0, "steps": 0}
         self.cache_info = {"sequences": 0, "bytes": 0}
+        self._closing = False
         self._lock = threading.RLock()  # re-entrant: a signal handler may cancel jobs
         loaded = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(load, cache_bytes, loaded), name="mlx-spec-model", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(load, cache_bytes, kv_budget, loaded),
+                                       name="mlx-spec-model", daemon=True)
         self.thread.start()
         loaded.wait()
         if self._load_error is not None:
             raise self._load_error
 
-    def submit(self, work: Callable[[Any, Any], Iterator[Any]]) -> Job:
-        job = Job(work, asyncio.get_running_loop())
-        with self._lock:
-            self.waiting += 1
+    def submit(self, work: Callable[..., Iterator[Any]]) -> Job:
+        job = Job(work, asyncio.get_running_loop(), getattr(work, "positions", 0))
         self.jobs.put(job)
         return job
 
     def status(self) -> dict:
         with self._lock:
-            return {"running": self.running, "waiting": self.waiting, "served": self.served,
+            return {"running": len(self.running), "waiting": len(self.waiting) + self.jobs.qsize(),
+                    "max_batch": self.max_batch, "batch": dict(self.snapshot), "served": self.served,
                     "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
 
     def cancel_all(self) -> None:
-        """Cancel the running job (after its current event) and every waiting one."""
+        """Cancel the running jobs (at their next chunk or step) and every waiting one."""
         with self._lock:
-            jobs = [self.current, *list(self.jobs.queue)]
+            jobs = [*self.running, *self.waiting, *list(self.jobs.queue)]
         for job in jobs:
             if job is not None:
                 job.cancel()
@@ -92,51 +110,81 @@ class Worker:
     def close(self, timeout: float = 10.0) -> None:
         """Cancel every job and stop the thread."""
         self.cancel_all()
+        self._closing = True
         self.jobs.put(None)
         self.thread.join(timeout)
 
-    def _run(self, load, cache_bytes: int, loaded: threading.Event) -> None:
+    def _run(self, load, cache_bytes: int, kv_budget: Optional[int], loaded: threading.Event) -> None:
         try:
             self.engine = load()
             self.cache = PromptCache(self.engine.target, cache_bytes)
+            self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
+            together = Together(self.engine)
         except BaseException as e:
             self._load_error = e
             return
         finally:
             loaded.set()
+        while not self._closing:
+            if not together.busy and not self._take(block=True):
+                break
+            self._take(block=False)
+            self._admit(together)
+            if together.busy:
+                with wired_limit(self.engine.target.model):  # (see Decoder.generate)
+                    while together.busy and not self._closing:
+                        together.turn()
+                        self._after_turn(together)
+                        self._take(block=False)
+                        self._admit(together)
+        together.close()
+
+    def _take(self, block: bool) -> bool:
+        """Move submitted jobs into the waiting line; False when the worker is to stop."""
         while True:
-            job = self.jobs.get()
+            try:
+                job = self.jobs.get(block=block and not self.waiting)
+            except queue.Empty:
+                return True
             if job is None:
+                return False
+            with self._lock:
+                self.waiting.append(job)
+            block = False
+
+    def _admit(self, together: Together) -> None:
+        """Start waiting jobs, in order, while there is a row for them and their K/V fit."""
+        while self.waiting:
+            job = self.waiting[0]
+            if job.cancelled.is_set():
+                self._finish(self.waiting.popleft(), started=False)
+                continue
+            if not self.room.fits_alone(job.positions):
+                self.waiting.popleft()
+                job.emit(APIError(400, too_big(self.room, job.positions), code="context_length_exceeded"))
+                self._finish(job, started=False)
+                continue
+            if len(self.running) >= self.max_batch or not self.room.fits([j.positions for j in self.running] + [job.positions]):
                 return
             with self._lock:
-                self.waiting -= 1
-                self.running, self.current = 1, job
-            finished = False
-            try:
-                finished = self._do(job)
-            finally:
-                with self._lock:
-                    self.running, self.current = 0, None
-                    self.served += 1
-                    self.dropped += not finished
-                    self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
-                job.emit(END)
+                self.running.append(self.waiting.popleft())
+            together.add(lambda stop, job=job: job.work(self.engine, self.cache, stop, together.batch),
+                         job.emit, job.cancelled.is_set).info["job"] = job
 
-    def _do(self, job: Job) -> bool:
-        """Run a job; False when it was cancelled before its end."""
-        if job.cancelled.is_set():
-            return False
-        events = None
-        try:
-            events = job.work(self.engine, self.cache, job.cancelled.is_set)
-            for event in events:
-                if job.cancelled.is_set():
-                    return False
-                job.emit(event)
-            return True
-        except Exception as e:  # reported to the request; the worker goes on
-            job.emit(e)
-            return True
-        finally:
-            if events is not None:
-                events.close()  # closes the engine's stream: the cache stays consistent
+    def _after_turn(self, together: Together) -> None:
+        """Finish the jobs whose tasks ended, and note the batch's figures for /health."""
+        alive = {id(t.info["job"]) for t in together.tasks}
+        for job in [j for j in self.running if id(j) not in alive]:
+            self._finish(job, started=True)
+        with self._lock:
+            self.snapshot = {"rows": len(together.batch.rows), "tokens_per_second": round(together.batch.tokens_per_second, 1),
+                             "steps": together.batch.steps}
+            self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
+
+    def _finish(self, job: Job, started: bool) -> None:
+        with self._lock:
+            if job in self.running:
+                self.running.remove(job)
+            self.served += 1
+            self.dropped += job.cancelled.is_set()
+        job.emit(END)

@@ -13,6 +13,8 @@ import mlx.nn as nn
 from mlx_lm.models.gemma4_text import logit_softcap
 
 from ...media.items import MediaSpan, chunk_bounds, inside
+from ..batch_cache import BatchCaches, held_positions, sliding_windows
+from ..batch_pass import BatchPass
 from ..cache import FullCache, SlidingWindowCache
 from ..protocol import SharedKV
 from ..traces import TraceCache
@@ -38,6 +40,7 @@ class Target:
         # acceptance test): one owner, whose count of traces tells a cycle's build that traced.
         self.traces = TraceCache()
         self._compiled_pass = CompiledPass(self, self.traces)
+        self._batch_pass = BatchPass(self, self.traces)
 
     @property
     def hidden_size(self) -> int:
@@ -92,6 +95,27 @@ class Target:
             raise ValueError("a pass at a device-side offset needs the compiled pass: our caches, "
                              f"not empty, and at most {MAX_POSITIONS} positions")
         return self(tokens, cache)
+
+    def batch_caches(self, max_trim: int, max_pass: int) -> BatchCaches:
+        """The K/V storage of sequences decoding together (models/batch_cache.py)."""
+        return BatchCaches(sliding_windows(self.make_cache(max_trim)), max_trim, max_pass)
+
+    def forward_batch(self, tokens: mx.array, caches: BatchCaches) -> Tuple[mx.array, mx.array]:
+        """(logits, hidden) of every row's tokens [B, L], each row at its own offset (compiled)."""
+        if tokens.shape[0] != len(caches) or tokens.shape[1] > MAX_POSITIONS:
+            raise ValueError(f"a batch pass takes one row per sequence and at most {MAX_POSITIONS} positions, "
+                             f"got {tokens.shape} for {len(caches)} rows")
+        return self._batch_pass(tokens, caches)
+
+    def batch_drafter_buffers(self, caches: BatchCaches) -> Dict[str, SharedKV]:
+        """`drafter_buffers` for every row of a batch: the settled positions of each row, read
+        through the positions its slots hold (a ring on the sliding layer)."""
+        end = caches.device_offsets()
+        i, j = self.kv_layers[SLIDING], self.kv_layers[FULL]
+        ring = caches.rings[i]
+        full_slots = mx.arange(caches.keys[j].shape[2])[None]
+        return {SLIDING: SharedKV(caches.keys[i], caches.values[i], mx.zeros_like(end), end, held_positions(ring, end)),
+                FULL: SharedKV(caches.keys[j], caches.values[j], mx.zeros_like(end), end, full_slots)}
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The scaled input embedding, as the target's first layer sees it."""

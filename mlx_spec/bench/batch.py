@@ -1,0 +1,159 @@
+"""Several requests at once: total and per-request tokens per second at 1, 2, 4 and 8
+concurrent requests of mixed prompt and answer lengths, for mlx-spec's default (each request
+drafting its own guesses inside the batch), mlx-spec with MTP off, and mlx-lm's own batched
+decoding (`BatchGenerator`, no drafts) on the same model and prompts, all in one run; the same
+requests one after another (mlx-spec's default, alone each); and what a batch step costs by
+rows and positions, from which the acceptance drafting needs to pay at each batch size.
+
+    mlx-spec bench batch --random-weights --shape small
+"""
+
+import statistics
+import time
+
+import numpy as np
+
+from ..options import Options
+from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .models import build_engine, describe_models
+
+CONCURRENCY = "1,2,4,8"
+G = 6  # the fixed draft length whose step cost the cost table sets against a plain step
+
+
+def requests(engine, n: int, prompt_range, answer_range, seed: int = 0):
+    """n requests of mixed lengths: random prompts (as random weights have no text) and budgets."""
+    rng = np.random.default_rng(seed)
+    vocab = engine.target.vocab_size
+    return [(rng.integers(5, vocab, int(rng.integers(*prompt_range))).tolist(), int(rng.integers(*answer_range)))
+            for _ in range(n)]
+
+
+def timed_ours(engine, batch, **settings) -> dict:
+    """mlx-spec's batch over the requests, with per-request token times."""
+    prompts, options = [p for p, _ in batch], [Options(max_tokens=n, **settings) for _, n in batch]
+    times = [[] for _ in batch]
+    began = time.perf_counter()
+    answers = engine.stream_many(prompts, options)
+    for i, _ in answers:
+        times[i].append(time.perf_counter())
+    result = figures(began, times)
+    result["tokens"] = [r.tokens for r in answers.results]
+    result["drafted"] = sum(r.stats.drafted for r in answers.results)
+    result["kept"] = sum(r.stats.kept for r in answers.results)
+    return result
+
+
+def timed_mlx_lm(engine, batch) -> dict:
+    """mlx-lm's BatchGenerator (its server's batched path) over the same requests, greedy."""
+    from mlx_lm.generate import BatchGenerator
+
+    times = [[] for _ in batch]
+    tokens = [[] for _ in batch]
+    began = time.perf_counter()
+    generator = BatchGenerator(engine.target.model, max_tokens=max(n for _, n in batch), stop_tokens=[])
+    uids = generator.insert([p for p, _ in batch], [n for _, n in batch])
+    row = {uid: i for i, uid in enumerate(uids)}
+    while responses := generator.next_generated():
+        for response in responses:
+            times[row[response.uid]].append(time.perf_counter())
+            tokens[row[response.uid]].append(response.token)
+    generator.close()
+    result = figures(began, times)
+    result["tokens"] = tokens
+    return result
+
+
+def timed_one_after_another(engine, batch) -> dict:
+    began = time.perf_counter()
+    times = []
+    for prompt, n in batch:
+        run = []
+        for _ in engine.stream(prompt, max_tokens=n):
+            run.append(time.perf_counter())
+        times.append(run)
+    return figures(began, times)
+
+
+def figures(began: float, times) -> dict:
+    """Total tok/s (every token over the wall time from the start), per-request tok/s (each
+    request's tokens after its first over the time from its first to its last), time to first
+    token."""
+    total = sum(len(t) for t in times)
+    end = max(t[-1] for t in times if t)
+    per = [(len(t) - 1) / (t[-1] - t[0]) for t in times if len(t) > 1 and t[-1] > t[0]]
+    return {"total_tps": total / (end - began), "per_request_tps": statistics.median(per) if per else 0.0,
+            "first_token_s": statistics.median([t[0] - began for t in times if t]), "seconds": end - began,
+            "generated": total}
+
+
+def main(argv=None):
+    parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench batch")
+    parser.add_argument("--concurrency", default=CONCURRENCY, help=f"requests at once, comma separated [{CONCURRENCY}]")
+    parser.add_argument("--prompt-tokens", default="32,384", help="prompt lengths drawn from this range [32,384]")
+    parser.add_argument("--answer-tokens", default="48,160", help="answer lengths drawn from this range [48,160]")
+    args = parse(parser, argv, quick=dict(concurrency="1,2,4", prompt_tokens="16,96", answer_tokens="16,48"))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
+    answer_range = tuple(int(x) for x in args.answer_tokens.split(","))
+    engine = build_engine(args).with_stop_tokens([])  # every answer runs its whole budget
+    info = machine()
+    pool = requests(engine, max(levels), prompt_range, answer_range)
+    print(header("Several requests at once", info, {"concurrency": levels, "prompt": prompt_range,
+                                                     "answer": answer_range, **describe_models(args)}))
+    warm = pool[:2]
+    for settings in (dict(), dict(mtp=False), dict(draft_tokens=G)):
+        timed_ours(engine, warm, **settings)  # traces out of the figures
+    timed_mlx_lm(engine, warm)
+    progress = Progress("batch", len(levels))
+    rows = [measure(engine, pool[:c], progress, c) for c in levels]
+    results = {"machine": info, "models": describe_models(args), "levels": rows,
+               "step_ms": engine.batch_policy.table()}
+    print_tables(rows)
+    print(f"\nJSON: {write_json('batch', args, results)}")
+
+
+def measure(engine, batch, progress, c: int) -> dict:
+    row = {"concurrency": c, "default": timed_ours(engine, batch), "mtp_off": timed_ours(engine, batch, mtp=False),
+           "fixed_g": timed_ours(engine, batch, draft_tokens=G), "mlx_lm": timed_mlx_lm(engine, batch),
+           "one_after_another": timed_one_after_another(engine, batch)}
+    off = row["mtp_off"]["tokens"]
+    row["same_tokens"] = {k: row[k]["tokens"] == off for k in ("default", "fixed_g", "mlx_lm")}
+    for k in ("default", "mtp_off", "fixed_g", "mlx_lm"):
+        row[k].pop("tokens")
+    row["step_cost"] = step_cost(engine, c)
+    progress.step(f"{c} at once")
+    return row
+
+
+def step_cost(engine, rows: int) -> dict:
+    """T(B, G + 1) / T(B, 1) from the engine's cost model, and the acceptance a at which G
+    guesses pay for it: 1 + a + ... + a^G = that ratio (None where it was not timed)."""
+    seconds = engine.batch_policy.seconds
+    plain, drafting = seconds.get((rows, 1)), seconds.get((rows, G + 1))
+    if not plain or not drafting:
+        return {"ratio": None, "break_even": None}
+    ratio = drafting / plain
+    low, high = 0.0, 1.0
+    for _ in range(40):  # E(a) is increasing in a: bisect
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(mid ** i for i in range(G + 1)) < ratio else (low, mid)
+    return {"ratio": ratio, "break_even": high if ratio <= G + 1 else None}
+
+
+def print_tables(rows) -> None:
+    table = []
+    for r in rows:
+        d, off, lm, seq = r["default"], r["mtp_off"], r["mlx_lm"], r["one_after_another"]
+        table.append([r["concurrency"], f"{d['total_tps']:.1f}", f"{off['total_tps']:.1f}", f"{r['fixed_g']['total_tps']:.1f}",
+                      f"{lm['total_tps']:.1f}", f"{seq['total_tps']:.1f}",
+                      f"{d['total_tps'] / off['total_tps']:.2f}", f"{d['total_tps'] / lm['total_tps']:.2f}",
+                      f"{d['total_tps'] / seq['total_tps']:.2f}", f"{d['per_request_tps']:.1f}",
+                      "yes" if all(r["same_tokens"].values()) else f"no: {r['same_tokens']}"])
+    print(markdown(["at once", "default tok/s", "MTP off", f"g = {G}", "mlx-lm batched", "one after another",
+                    "default / off", "default / mlx-lm", "default / one after another", "per request (default)",
+                    "same tokens"], table))
+    print("\nWhere drafting pays, from the step costs the batch measured (T(B, L): B rows, L positions):\n")
+    cost = [[r["concurrency"], "-" if r["step_cost"]["ratio"] is None else f"{r['step_cost']['ratio']:.2f}",
+             "-" if r["step_cost"]["break_even"] is None else f"{r['step_cost']['break_even']:.2f}"] for r in rows]
+    print(markdown(["rows", f"T(B, {G + 1}) / T(B, 1)", f"acceptance needed for g = {G} to pay"], cost))

@@ -1,0 +1,59 @@
+"""Drafting for several sequences at once (a batch, decoding/batch.py): each row's own drafter,
+and the MTP assistant's steps run once for every row that drafts with it.
+
+A row's drafter is what it would be alone: prompt lookup then the assistant (the default chain),
+either alone, or any drafter given. Members that guess on the host (prompt lookup, a custom
+drafter) draft row by row; the rows left to one MTP assistant, which guesses argmax, draft
+together, each taking as many of the common steps' guesses as it asked for (an assistant told to
+sample its guesses drafts argmax here: either rule is exact). Drafters other than the assistant
+see each row's tokens and n-grams, not the K/V (`DraftContext.kv` is empty in a batch).
+"""
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import mlx.core as mx
+
+from .base import Draft, DraftContext, Drafter
+from .chain import Chain
+from .mtp import MTPDrafter
+from .pieces import run_through
+
+
+def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftContext]], gs: List[int],
+               assistant_inputs: Callable[[List[int]], tuple]) -> List[Draft]:
+    """Each row's draft of up to gs[b] guesses (none where g is 0 or there is no drafter).
+    `assistant_inputs(rows)`: the MTP assistant's inputs for those rows of the batch (their last
+    tokens, hidden states, positions and K/V: `MTPDrafter.draft_batch`)."""
+    drafts: List[Optional[Draft]] = [None] * len(gs)
+    together: Dict[int, Tuple[MTPDrafter, List[int]]] = {}  # id(assistant drafter) -> its rows
+    for b, (drafter, context, g) in enumerate(zip(drafters, contexts, gs)):
+        if drafter is None or g == 0:
+            drafts[b] = Draft(mx.zeros((0,), mx.int32), source="none")
+            continue
+        host, assistant = _split(drafter)
+        for member in host:
+            draft = run_through(member.draft_steps(context, g))
+            if draft.tokens.size:
+                drafts[b] = draft
+                break
+        else:
+            if assistant is None:
+                drafts[b] = Draft(mx.zeros((0,), mx.int32), source=host[-1].source if host else "none")
+            else:
+                together.setdefault(id(assistant), (assistant, []))[1].append(b)
+    for assistant, rows in together.values():
+        guesses = assistant.draft_batch(*assistant_inputs(rows), max(gs[b] for b in rows))
+        for i, b in enumerate(rows):
+            drafts[b] = Draft(guesses[i, : gs[b]], source=assistant.source)
+    return drafts
+
+
+def _split(drafter: Drafter):
+    """(members that draft row by row, the MTP assistant that ends it or None)."""
+    members = drafter.members if isinstance(drafter, Chain) else [drafter]
+    last = members[-1]
+    # An assistant that samples its guesses drafts argmax here: both rules are exact, and the
+    # batch's steps are argmax ones.
+    if isinstance(last, MTPDrafter):
+        return members[:-1], last
+    return members, None

@@ -1,0 +1,55 @@
+"""Whether another row fits: the memory check of a batch, which counts rows x context.
+
+The batch keeps every row's full-attention K/V in one buffer per layer, as wide as its longest
+row (models/batch_cache.py), so B rows of which the longest may reach N positions take about
+B x kv_bytes(N): the family's own count of a sequence's K/V (memory.py, the sliding layers at
+their window). The budget is what this machine lets the process use, less the weights and the
+prompt cache's bound. A job is admitted while the rows running and it fit the budget; otherwise
+it waits for a row to end. A job that would not fit alone is refused by name.
+"""
+
+from typing import Callable, List, Optional
+
+from mlx.utils import tree_flatten
+
+from ..memory import GB, available_bytes, kv_cache_bytes
+
+# Memory kept free beside the weights, the K/V and the prompt cache: activations of a prefill
+# chunk, compiled graphs, the media towers' working memory.
+HEADROOM = 0.1
+
+
+class KVRoom:
+    def __init__(self, bytes_at: Callable[[int], int], budget: int):
+        self.bytes_at, self.budget = bytes_at, budget
+
+    @classmethod
+    def for_engine(cls, engine, cache_bytes: int, budget: Optional[int] = None) -> "KVRoom":
+        """The room on this machine for `engine`'s rows, or in `budget` bytes when given."""
+        config = engine.pair.target_config
+
+        def bytes_at(positions: int) -> int:
+            counted = kv_cache_bytes(config, max(positions, 1))
+            return counted if counted is not None else 0  # a family that cannot count: unbounded
+
+        if budget is None:
+            weights = sum(a.nbytes for _, a in tree_flatten(engine.target.model.parameters()))
+            if engine.assistant is not None:
+                weights += sum(a.nbytes for _, a in tree_flatten(engine.assistant.parameters()))
+            budget = int(available_bytes() * (1 - HEADROOM)) - weights - cache_bytes
+        return cls(bytes_at, budget)
+
+    def fits(self, positions: List[int]) -> bool:
+        """Whether rows reaching these positions fit together."""
+        return len(positions) * self.bytes_at(max(positions)) <= self.budget
+
+    def fits_alone(self, positions: int) -> bool:
+        return self.fits([positions])
+
+
+def too_big(room: KVRoom, positions: int) -> str:
+    """The words for a request whose K/V would not fit even alone."""
+    return (f"This request may reach {positions} positions, whose K/V cache would take "
+            f"{room.bytes_at(positions) / GB:.2f} GB, and this server has {max(room.budget, 0) / GB:.2f} GB for "
+            f"K/V beside its weights and prompt cache. Please reduce the length of the messages or max_tokens.")
+

@@ -1,0 +1,222 @@
+"""Several conversations decoding together are each exactly what they are alone: random mixes of
+prompts, settings, budgets, stop tokens and strings, arrivals and cancellations, token for token
+against each request's solo answer; ragged acceptance (every row its own number of kept guesses
+in the same step); sampling's distribution for a row inside a busy batch; and mlx-lm's own
+BatchGenerator, which batches without drafts, as a second oracle."""
+
+import random
+
+import numpy as np
+import pytest
+
+import tiny
+from mlx_spec.decoding.prompt_cache import PromptCache
+from mlx_spec.decoding.reports import WAITING
+from mlx_spec.generation import Generation
+from mlx_spec.options import Options
+from mlx_spec.sampling.settings import SamplingSettings
+from mlx_spec.together import Together
+from scripted import ScriptedDrafter
+from test_sampling import ALPHA, chi_square_p, exact_first_two
+
+SAMPLED = [dict(temperature=0.8, seed=3), dict(temperature=1.0, top_k=20, seed=5),
+           dict(temperature=0.7, top_p=0.9, seed=11), dict(temperature=1.2, top_k=50, top_p=0.95, seed=2)]
+
+
+def random_request(rng: random.Random):
+    """A prompt and options as agents send them: any length (one token, past the sliding window
+    of 12, past the full-attention buffer's first 512 slots), any settings and budget."""
+    length = rng.choice([1, 3, 11, 13, 40, 140, 300, 470])
+    prompt = [rng.randrange(5, tiny.VOCAB) for _ in range(length)]
+    if rng.random() < 0.25:  # a prompt that repeats itself: prompt lookup guesses
+        prompt = (prompt[:9] or [7]) * 4
+    settings = dict(max_tokens=rng.choice([1, 2, 9, 30, 64, 90]))
+    kind = rng.choice(["greedy", "sampled", "off", "fixed", "no-lookup"])
+    if kind == "sampled":
+        settings.update(rng.choice(SAMPLED))
+    elif kind == "off":
+        settings.update(mtp=False)
+    elif kind == "fixed":
+        settings.update(draft_tokens=rng.randrange(0, 7))
+    elif kind == "no-lookup":
+        settings.update(lookup=False)
+    if rng.random() < 0.2:
+        settings.update(stop=("e",))  # a stop string, on the text
+    return prompt, Options(**settings)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_mixes_give_every_request_its_solo_answer(engine, seed):
+    rng = random.Random(seed)
+    requests = [random_request(rng) for _ in range(7)]
+    # A stop token the random model does produce, so that some rows end early.
+    stopping = engine.with_stop_tokens([engine.generate(requests[0][0], max_tokens=8, mtp=False).tokens[-1]])
+    for e in (engine, stopping):
+        alone = [e.generate(p, o) for p, o in requests]
+        together = e.generate_many([p for p, _ in requests], [o for _, o in requests])
+        for (prompt, options), solo, batched in zip(requests, alone, together):
+            assert batched.tokens == solo.tokens, (len(prompt), options)
+            assert batched.text == solo.text and batched.finish_reason == solo.finish_reason
+            # The figures agree to float32's rounding: a batched pass may add the same terms in
+            # another order (a ring of slots, not the solo cache's buffer).
+            assert [s.prob for s in batched.steps] == pytest.approx([s.prob for s in solo.steps], rel=1e-4)
+            assert [[t for t, _, _ in s.top] for s in batched.steps] == [[t for t, _, _ in s.top] for s in solo.steps]
+            assert [s.rank for s in batched.steps] == [s.rank for s in solo.steps]
+
+
+def test_rows_keep_each_their_own_number_of_guesses_in_the_same_step(engine):
+    """Six rows with scripted drafters: one keeps every guess, one none, the others exactly
+    1, 2, 3 and 5 of 6, every step; each gives its solo tokens and keeps what it keeps alone."""
+    prompt = list(range(20, 20 + 2 * tiny.WINDOW + 3))
+    breaks = [None, 0, 1, 2, 3, 5]
+    prompts = [prompt[i:] for i in range(len(breaks))]
+    solo = [engine.generate(p, max_tokens=60, mtp=False).tokens for p in prompts]
+    options = [Options(max_tokens=60, draft_tokens=6,
+                       drafter=ScriptedDrafter(p + s, tiny.VOCAB, break_at=j)) for p, s, j in zip(prompts, solo, breaks)]
+    results = engine.generate_many(prompts, options)
+    for result, expected, j in zip(results, solo, breaks):
+        assert result.tokens == expected
+        kept_per_cycle = 6 if j is None else j
+        full = [c for c in range(result.stats.cycles)]  # every cycle but the budget's last is whole
+        assert result.stats.kept >= kept_per_cycle * (len(full) - 1)
+        assert result.stats.kept_by_position[kept_per_cycle:] == [0] * (len(result.stats.kept_by_position) - kept_per_cycle)
+
+
+def test_a_sampled_row_in_a_busy_batch_follows_the_target(engine):
+    """480 seeded rows of one token each, sixteen at a time beside two long greedy rows: their
+    first tokens follow the target's own distribution (chi-square at ALPHA)."""
+    settings = dict(temperature=1.0, top_k=64, top_p=0.95)
+    prompt = list(range(30, 30 + 2 * tiny.WINDOW))
+    p0, _ = exact_first_two(engine, prompt, SamplingSettings(**settings))
+    busy = [list(range(100, 140)), list(range(200, 300))]
+    firsts = []
+    for start in range(0, 480, 16):
+        prompts = busy + [prompt] * 16
+        options = [Options(max_tokens=12)] * 2 + [Options(max_tokens=1, seed=s, **settings) for s in range(start, start + 16)]
+        firsts += [r.tokens[0] for r in engine.generate_many(prompts, options)[2:]]
+    assert chi_square_p(np.bincount(firsts, minlength=tiny.VOCAB), p0) > ALPHA
+
+
+def test_greedy_rows_equal_mlx_lm_batch_generator(engine):
+    """mlx-lm's own batched decoding (BatchGenerator, no drafts) on the same model and prompts
+    gives the tokens our batch gives with drafting on."""
+    from mlx_lm.generate import BatchGenerator
+
+    rng = np.random.RandomState(0)
+    prompts = [rng.randint(5, tiny.VOCAB, size=n).tolist() for n in (7, 40, 100, 300)]
+    generator = BatchGenerator(engine.target.model, max_tokens=60, stop_tokens=[])
+    uids = generator.insert(prompts, [60] * len(prompts))
+    theirs = {uid: [] for uid in uids}
+    while responses := generator.next_generated():
+        for response in responses:
+            theirs[response.uid].append(response.token)
+    generator.close()
+    ours = engine.generate_many(prompts, max_tokens=60)
+    assert [r.tokens for r in ours] == [theirs[uid] for uid in uids]
+
+
+class Client:
+    """A request driven through `Together` as the server drives it: it arrives at a turn, may
+    leave during its prompt (after `leave_in_prompt` chunks) or after `leave_after` tokens."""
+
+    def __init__(self, engine, prompt, options, cache, leave_in_prompt=None, leave_after=None):
+        self.engine, self.prompt, self.options, self.cache = engine, prompt, options, cache
+        self.leave_in_prompt, self.leave_after = leave_in_prompt, leave_after
+        self.tokens, self.chunks, self.error = [], 0, None
+
+    def make(self, together):
+        def events(between_chunks):
+            def stop():
+                self.chunks += 1
+                return self.leave_in_prompt is not None and self.chunks > self.leave_in_prompt or between_chunks()
+
+            return iter(Generation(self.engine, self.prompt, self.options, cache=self.cache, stop=stop, batch=together.batch))
+
+        return events
+
+    def emit(self, event):
+        if isinstance(event, BaseException):
+            self.error = event
+        else:
+            self.tokens.append(event.token)
+
+    def stopped(self):
+        return self.leave_after is not None and len(self.tokens) >= self.leave_after
+
+
+def test_arrivals_and_departures_mid_prompt_and_mid_answer(engine):
+    """Requests arrive while others decode; a long prompt goes in by chunks with the others
+    stepping between them; one client leaves during its prompt, one during its answer. Every
+    answer is its solo one (a prefix of it for the one that left), and the prompt cache holds
+    every sequence consistent: sent again, each resumes its cached prefix and gives its solo
+    answer."""
+    rng = random.Random(7)
+    long_prompt = [rng.randrange(5, tiny.VOCAB) for _ in range(1300)]  # three chunks of 512
+    prompts = [[rng.randrange(5, tiny.VOCAB) for _ in range(n)] for n in (30, 200, 15)] + [long_prompt, long_prompt[7:]]
+    options = [Options(max_tokens=80), Options(max_tokens=50, temperature=0.9, seed=4), Options(max_tokens=40, mtp=False),
+               Options(max_tokens=30), Options(max_tokens=30)]
+    solo = [engine.generate(p, o).tokens for p, o in zip(prompts, options)]
+    cache = PromptCache(engine.target, 10**9)
+    clients = [Client(engine, p, o, cache) for p, o in zip(prompts, options)]
+    clients[1].leave_after = 12  # leaves mid-answer
+    clients[4].leave_in_prompt = 1  # leaves after two of its prompt's chunks went through
+    together = Together(engine)
+    arrivals = {0: [0, 1], 3: [2], 5: [3], 9: [4]}
+    turn, seen_before_long = 0, None
+    while turn <= max(arrivals) or together.busy:
+        for i in arrivals.get(turn, []):
+            together.add(clients[i].make(together), clients[i].emit, clients[i].stopped)
+            if i == 3:
+                seen_before_long = len(clients[0].tokens)
+        together.turn()
+        if turn == 5:  # the long prompt went in during this turn: the others stepped meanwhile
+            assert len(clients[0].tokens) >= seen_before_long + 2
+        turn += 1
+    for i, client in enumerate(clients):
+        assert client.error is None
+        expected = solo[i][: len(client.tokens)] if i in (1, 4) else solo[i]
+        assert client.tokens == expected, i
+    assert clients[4].tokens == [] and len(clients[1].tokens) == 12
+    for i, prompt in enumerate(prompts):  # each conversation goes on: its next turn
+        follow = prompt + solo[i] + [5, 6]
+        again = engine.generate(follow, max_tokens=5, cache=cache)
+        assert again.tokens == engine.generate(follow, max_tokens=5).tokens
+        held = 1024 + 1 if i == 4 else len(prompt) + len(clients[i].tokens)
+        assert again.stats.prompt_reused >= held - 1, i
+
+
+def test_a_reader_that_leaves_early_leaves_every_sequence_consistent(engine):
+    """stream_many closed after a few tokens: each request's sequence went back to the prompt
+    cache holding exactly what was handed over, and resumes to its solo answer."""
+    prompts = [list(range(10, 10 + n)) for n in (20, 45, 90)]
+    solo = [engine.generate(p, max_tokens=40).tokens for p in prompts]
+    cache = PromptCache(engine.target, 10**9)
+    stream = engine.stream_many(prompts, max_tokens=40, cache=cache)
+    got = {i: [] for i in range(3)}
+    for i, report in stream:
+        got[i].append(report.token)
+        if sum(map(len, got.values())) >= 25:
+            break
+    stream_iter = iter(stream)
+    stream_iter.close()
+    for i, prompt in enumerate(prompts):
+        assert got[i] == solo[i][: len(got[i])]
+        assert engine.generate(prompt, max_tokens=40, cache=cache).tokens == solo[i]
+
+
+def test_bad_requests_in_a_batch_are_refused_by_name(engine):
+    with pytest.raises(Exception, match="options for"):
+        engine.generate_many([[5, 6], [7, 8]], [Options(), Options(), Options()])
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        engine.generate_many([[5, 6], [tiny.VOCAB + 3]], max_tokens=4)
+
+
+def test_waiting_is_what_a_batch_row_gives_before_the_next_step(engine):
+    together = Together(engine)
+    answer = Generation(engine, [5, 6, 7], Options(max_tokens=3), batch=together.batch)
+    events = iter(answer)
+    assert next(events) is WAITING  # its prompt is in, nothing decoded yet
+    together.batch.step()
+    assert next(events).token == engine.generate([5, 6, 7], max_tokens=3).tokens[0]
+    events.close()
+    assert together.batch.rows == []

@@ -1,0 +1,132 @@
+"""The server decodes requests together: sent at once with the official `openai` client, each
+answer is its solo one; /health shows the rows; `--max-batch` bounds them, the rest queue in
+order; a request whose K/V could never fit is refused with a 400."""
+
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from serving import Server
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints):
+    s = Server(checkpoints, "--max-batch", "4")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    """The same checkpoints in-process, stop tokens included, as the server loads them."""
+    from mlx_spec import load
+
+    return load(str(checkpoints["text"]), str(checkpoints["assistant"]))
+
+
+def ids(tokens):
+    return [t["token"] for t in tokens]
+
+
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
+QUESTIONS = [
+    ("What time is it in Taipei?", dict(max_tokens=70)),
+    ("Tell me about the lazy dog and the quick brown fox, at length.", dict(max_tokens=90, temperature=0.8, seed=3)),
+    ("Hi", dict(max_tokens=20, extra_body={"mtp": False})),
+    ("def add(a, b):", dict(max_tokens=60, temperature=1.0, top_p=0.9, seed=9)),
+    ("Speculative decoding drafts tokens.", dict(max_tokens=40, extra_body={"draft_tokens": 3})),
+    ("The weather is sunny today.", dict(max_tokens=50)),
+]
+
+
+def test_requests_sent_at_once_are_each_their_solo_answer(server, engine):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    answers, seen = {}, []
+
+    def send(i, text, settings):
+        extra = dict(settings.pop("extra_body", {}), x_report=True)
+        answers[i] = client.chat.completions.create(model=model, messages=ask(text), extra_body=extra, **settings)
+
+    threads = [threading.Thread(target=send, args=(i, q, dict(s))) for i, (q, s) in enumerate(QUESTIONS)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        seen.append(server.health())
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert max(h["batch"]["rows"] for h in seen) >= 2  # decoding together, as /health shows
+    assert max(h["running"] for h in seen) <= 4 and any(h["waiting"] for h in seen)  # six for four rows
+    assert any(h["batch"]["tokens_per_second"] > 0 for h in seen)
+    for i, (text, settings) in enumerate(QUESTIONS):
+        settings = dict(settings)
+        options = dict(settings.pop("extra_body", {}), **{k: v for k, v in settings.items()})
+        assert ids(answers[i].choices[0].x_tokens) == engine.generate(ask(text), **options).tokens, text
+
+
+def test_a_request_that_could_never_fit_is_refused_by_name(checkpoints):
+    """A server whose memory leaves room for the K/V of a few hundred positions only."""
+    from mlx_spec import load
+    from mlx_spec.options import Options
+    from mlx_spec.server import Worker, create_app
+    from mlx_spec.server.admission import KVRoom
+
+    worker = Worker(lambda: load(str(checkpoints["text"]), str(checkpoints["assistant"])), 0, max_batch=2,
+                    kv_budget=1)
+    per_position = KVRoom.for_engine(worker.engine, 0, 1).bytes_at(1000) / 1000
+    worker.room.budget = int(per_position * 600)  # about 600 positions of K/V
+    try:
+        with TestClient(create_app(worker, "tiny", Options(max_tokens=8))) as http:
+            refused = http.post("/v1/chat/completions", json=dict(model="tiny", messages=ask("Hi"), max_tokens=3000))
+            assert refused.status_code == 400
+            assert "K/V cache" in refused.json()["error"]["message"]
+            fits = http.post("/v1/chat/completions", json=dict(model="tiny", messages=ask("Hi"), max_tokens=8))
+            assert fits.status_code == 200
+    finally:
+        worker.close()
+
+
+def test_max_batch_one_answers_in_order(checkpoints, engine):
+    s = Server(checkpoints, "--max-batch", "1")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        model = client.models.list().data[0].id
+        long = client.chat.completions.create(model=model, messages=ask("What time is it?"), max_tokens=3000,
+                                              stream=True, extra_body={"mtp": False})
+        chunks = iter(long)
+        next(chunks)
+        queued = {}
+        thread = threading.Thread(target=lambda: queued.update(r=client.chat.completions.create(
+            model=model, messages=ask("Hi"), max_tokens=8, extra_body={"x_report": True})))
+        thread.start()
+        health = s.health()
+        for _ in range(200):
+            if health["waiting"] == 1:
+                break
+            health = s.health()
+        assert health["running"] == 1 and health["waiting"] == 1 and health["max_batch"] == 1
+        long.close()
+        thread.join(60)
+        assert ids(queued["r"].choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=8).tokens
+    finally:
+        s.stop()
+
+
+def test_bad_max_batch_is_refused(checkpoints):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]),
+                          "--max-batch", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--max-batch must be at least 1" in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr
+    httpx  # (imported for the module's clients)
