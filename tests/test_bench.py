@@ -165,6 +165,25 @@ def test_draft_length(tiny_models, tmp_path):
         "predicted E/(R+C)": lambda e: f"{e['predicted_speedup']:.2f}x", "measured": lambda e: f"{e['measured_speedup']:.2f}x"})
 
 
+def test_batch(tiny_models, tmp_path):
+    """Several requests at once: every configuration at every concurrency, the same tokens as
+    MTP off (greedy), and the table shows the JSON's figures."""
+    _, data = run_script("batch", *tiny_models, "--concurrency", "1,3", "--prompt-tokens", "8,40",
+                         "--answer-tokens", "6,16", tmp_path=tmp_path)
+    levels = data["levels"]
+    assert [r["concurrency"] for r in levels] == [1, 3]
+    for r in levels:
+        assert all(r["same_tokens"].values()), r["same_tokens"]
+        for key in ("default", "mtp_off", "fixed_g", "mlx_lm", "one_after_another"):
+            assert r[key]["total_tps"] > 0 and r[key]["generated"] > 0
+        assert r["default"]["generated"] == r["mtp_off"]["generated"] == r["mlx_lm"]["generated"]
+    assert_shown(report_rows(tmp_path / "results", "batch", "default tok/s"), levels, {
+        "at once": lambda r: str(r["concurrency"]), "default tok/s": lambda r: f"{r['default']['total_tps']:.1f}",
+        "mlx-lm batched": lambda r: f"{r['mlx_lm']['total_tps']:.1f}",
+        "default / off": lambda r: f"{r['default']['total_tps'] / r['mtp_off']['total_tps']:.2f}"})
+    assert data["step_ms"]  # the cost model's step times, by rows x positions
+
+
 def test_controlled(tiny_models, tmp_path):
     _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1",
                          "--trials", "3", "--best-of", "2", tmp_path=tmp_path)

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media"]
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -215,5 +215,28 @@ def _media(data: dict) -> list:
     return [(f"Decoding with a {runs[0]['image_tokens']}-token image in the prompt", draw)]
 
 
+def _batch(data: dict) -> list:
+    levels = data["levels"]
+    at_once = [r["concurrency"] for r in levels]
+    names = {"default": "mlx-spec default", "mtp_off": "mlx-spec MTP off", "mlx_lm": "mlx-lm BatchGenerator",
+             "one_after_another": "mlx-spec, one after another"}
+
+    def total(ax):
+        for key, label in names.items():
+            ax.plot(at_once, [r[key]["total_tps"] for r in levels], marker="o", label=label)
+        ax.set_xlabel("requests at once")
+        ax.set_ylabel("total tok/s")
+        ax.set_xticks(at_once)
+
+    def per_request(ax):
+        for key in ("default", "mtp_off", "mlx_lm"):
+            ax.plot(at_once, [r[key]["per_request_tps"] for r in levels], marker="o", label=names[key])
+        ax.set_xlabel("requests at once")
+        ax.set_ylabel("tok/s of each request (median)")
+        ax.set_xticks(at_once)
+
+    return [("Several requests at once: the whole batch", total), ("Several requests at once: each request", per_request)]
+
+
 FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
-           "controlled": _controlled, "overhead": _overhead, "media": _media}
+           "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch}

@@ -82,23 +82,25 @@ class BatchDraftLength:
         return best
 
     def _line(self, batch: int):
-        """positions -> a step's time at this batch size, for lengths not timed yet."""
-        known = sorted((positions, t) for (rows, positions), t in self.seconds.items() if rows == batch)
+        """positions -> a step's time at this batch size, for lengths not timed yet: a line
+        through this size's timed lengths; with fewer than two, the shape of the nearest
+        size's line (how a step's cost grows with its positions), through this size's one
+        time if it has one; the prior where nothing is known."""
+        known = self._known(batch)
+        if len(known) >= 2:
+            return _fit(known)
+        others = [b for b in {rows for rows, _ in self.seconds} if b != batch and len(self._known(b)) >= 2]
+        if not others:
+            shape = lambda positions: 1 + PER_GUESS * (positions - 1)  # noqa: E731
+        else:
+            shape = _fit(self._known(min(others, key=lambda b: abs(b - batch))))
         if not known:
-            return lambda positions: 1 + PER_GUESS * (positions - 1)
-        shortest, its_time = known[0]
+            return shape
+        positions, its_time = known[0]
+        return lambda p: its_time * shape(p) / shape(positions)
 
-        def prior(positions):
-            return its_time * (1 + PER_GUESS * (positions - 1)) / (1 + PER_GUESS * (shortest - 1))
-
-        if len(known) < 2:
-            return prior
-        n = len(known)
-        mean_l = sum(k for k, _ in known) / n
-        mean_t = sum(t for _, t in known) / n
-        spread = sum((k - mean_l) ** 2 for k, _ in known)
-        slope = sum((k - mean_l) * (t - mean_t) for k, t in known) / spread
-        return lambda p: max(mean_t + slope * (p - mean_l), prior(p) if p < shortest else 1e-6)
+    def _known(self, batch: int):
+        return sorted((positions, t) for (rows, positions), t in self.seconds.items() if rows == batch)
 
     def observe(self, batch: int, positions: int, seconds: Optional[float], drafted: int, kept: int) -> None:
         """A settled step of `batch` rows over `positions` positions, `drafted` guesses of
@@ -118,3 +120,21 @@ class BatchDraftLength:
     def table(self) -> Dict[str, float]:
         """The measured step times, 'rows x positions' -> milliseconds (for the bench)."""
         return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.seconds.items())}
+
+
+def _fit(known):
+    """A least-squares line through (positions, seconds), never below zero, held below the
+    shortest timed length to at least the prior's slope from it."""
+    shortest, its_time = known[0]
+    n = len(known)
+    mean_l = sum(k for k, _ in known) / n
+    mean_t = sum(t for _, t in known) / n
+    spread = sum((k - mean_l) ** 2 for k, _ in known)
+    slope = sum((k - mean_l) * (t - mean_t) for k, t in known) / spread
+
+    def line(p):
+        if p < shortest:
+            return max(mean_t + slope * (p - mean_l), its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))
+        return max(mean_t + slope * (p - mean_l), 1e-6)
+
+    return line

@@ -154,15 +154,15 @@ class Worker:
 
     def _admit(self, together: Together) -> None:
         """Start waiting jobs, in order, while there is a row for them and their K/V fit."""
+        for job in [j for j in self.waiting if j.cancelled.is_set()]:  # their clients left while they waited
+            self.waiting.remove(job)
+            self._finish(job)
         while self.waiting:
             job = self.waiting[0]
-            if job.cancelled.is_set():
-                self._finish(self.waiting.popleft(), started=False)
-                continue
             if not self.room.fits_alone(job.positions):
                 self.waiting.popleft()
                 job.emit(APIError(400, too_big(self.room, job.positions), code="context_length_exceeded"))
-                self._finish(job, started=False)
+                self._finish(job)
                 continue
             if len(self.running) >= self.max_batch or not self.room.fits([j.positions for j in self.running] + [job.positions]):
                 return
@@ -175,13 +175,13 @@ class Worker:
         """Finish the jobs whose tasks ended, and note the batch's figures for /health."""
         alive = {id(t.info["job"]) for t in together.tasks}
         for job in [j for j in self.running if id(j) not in alive]:
-            self._finish(job, started=True)
+            self._finish(job)
         with self._lock:
             self.snapshot = {"rows": len(together.batch.rows), "tokens_per_second": round(together.batch.tokens_per_second, 1),
                              "steps": together.batch.steps}
             self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
 
-    def _finish(self, job: Job, started: bool) -> None:
+    def _finish(self, job: Job) -> None:
         with self._lock:
             if job in self.running:
                 self.running.remove(job)
