@@ -220,3 +220,17 @@ def test_waiting_is_what_a_batch_row_gives_before_the_next_step(engine):
     assert next(events).token == engine.generate([5, 6, 7], max_tokens=3).tokens[0]
     events.close()
     assert together.batch.rows == []
+
+
+def test_the_readme_s_example_of_several_prompts_runs(engine):
+    """The README's lines for several prompts at once, run as written on the tiny engine."""
+    from pathlib import Path
+
+    import mlx_spec
+
+    block = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Python", 1)[1]
+    block = block.split("```python", 1)[1].split("```", 1)[0]
+    lines = block[block.index("# Several prompts at once"):]
+    printed = []
+    exec(lines, {"engine": engine, "mlx_spec": mlx_spec, "print": lambda *a: printed.append(a)})
+    assert printed and {index for index, _ in printed} == {0, 1}

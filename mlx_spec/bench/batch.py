@@ -16,6 +16,7 @@ import numpy as np
 from ..options import Options
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
+from .runs import first_difference
 
 CONCURRENCY = "1,2,4,8"
 G = 6  # the fixed draft length whose step cost the cost table sets against a plain step
@@ -125,11 +126,24 @@ def measure(engine, batch, progress, c: int) -> dict:
            "one_after_another": timed_one_after_another(engine, batch)}
     off = row["mtp_off"]["tokens"]
     row["same_tokens"] = {k: row[k]["tokens"] == off for k in ("default", "fixed_g", "one_after_another", "mlx_lm")}
+    # Where one of ours parts from MTP off (a batched matmul may round differently on Metal):
+    # the request, the token's index and the logit gap there, never hidden.
+    row["differences"] = {k: parted(engine, batch, row[k]["tokens"], off) for k in ("default", "fixed_g", "one_after_another")}
     for k in ("default", "mtp_off", "fixed_g", "one_after_another", "mlx_lm"):
         row[k].pop("tokens")
     row["step_cost"] = step_cost(engine, c)
     progress.step(f"{c} at once")
     return row
+
+
+def parted(engine, batch, tokens, reference) -> list:
+    """(request, token index, logit gap) for each request whose greedy tokens part from the reference's."""
+    out = []
+    for i, (prompt, _) in enumerate(batch):
+        where = first_difference(engine, prompt, tokens[i], reference[i]) if tokens[i] != reference[i] else None
+        if where is not None:
+            out.append((i, *where))
+    return out
 
 
 def step_cost(engine, rows: int) -> dict:
@@ -147,6 +161,15 @@ def step_cost(engine, rows: int) -> dict:
     return {"ratio": ratio, "break_even": high if ratio <= G + 1 else None}
 
 
+def same_tokens(row) -> str:
+    """'yes', or which runs parted from MTP off where (request, token index, logit gap)."""
+    if all(row["same_tokens"].values()):
+        return "yes"
+    parts = [f"{k}: {', '.join(f'request {i} at {n} (gap {gap:.2g})' for i, n, gap in row['differences'].get(k, []))}"
+             if row["differences"].get(k) else k for k, same in row["same_tokens"].items() if not same]
+    return "no: " + "; ".join(parts)
+
+
 def print_tables(rows) -> None:
     table = []
     for r in rows:
@@ -155,7 +178,7 @@ def print_tables(rows) -> None:
                       f"{lm['total_tps']:.1f}", f"{seq['total_tps']:.1f}",
                       f"{d['total_tps'] / off['total_tps']:.2f}", f"{d['total_tps'] / lm['total_tps']:.2f}",
                       f"{d['total_tps'] / seq['total_tps']:.2f}", f"{d['per_request_tps']:.1f}",
-                      "yes" if all(r["same_tokens"].values()) else f"no: {r['same_tokens']}"])
+                      same_tokens(r)])
     print(markdown(["at once", "default tok/s", "MTP off", f"g = {G}", "mlx-lm batched", "one after another",
                     "default / off", "default / mlx-lm", "default / one after another", "per request (default)",
                     "same tokens"], table))
