@@ -142,10 +142,21 @@ class Target:
         """Feed `tokens` [1, L] (absolute positions from `start`) in chunks; return the hidden
         state [1, 1, H] of the last position. Earlier chunks are evaluated for their cache state
         alone (their logits are never built). Media `spans` among the positions put their
-        embeddings at their soft tokens, each item within one chunk (see media_prefill.py)."""
-        hidden = None
-        for lo, hi in chunk_bounds(tokens.shape[1], chunk, spans, start):
-            if hidden is not None:
+        embeddings at their soft tokens, each item within one chunk (see media_prefill.py).
+
+        The last position goes through alone: only its hidden state is read, and evaluated
+        for their cache state alone, the chunks before it leave out the layers that write no
+        cache (Gemma 4's K/V-shared layers, 20 of E2B's 35), as mlx-lm's prefill does."""
+        hidden, alone = None, None
+        bounds = list(chunk_bounds(tokens.shape[1], chunk, spans, start))
+        lo, hi = bounds[-1] if bounds else (0, 0)
+        if hi - lo > 1 and not any(s.start <= start + hi - 1 < s.end for s in spans):
+            bounds[-1:] = [(lo, hi - 1), (hi - 1, hi)]
+            alone = hi - 1
+        for lo, hi in bounds:
+            # (The last position's pass reads the chunk before it lazily, in the same evaluation:
+            # what that chunk's K/V-shared layers would compute is never asked for.)
+            if hidden is not None and lo != alone:
                 mx.eval([c.keys for c in cache] + [c.values for c in cache])
             media = inside(spans, start + lo, start + hi)
             if media:
