@@ -47,7 +47,8 @@ def tokens_to_generate(prompt_tokens: int, options: Options, context: int) -> in
 class Generation:
     """One answer. `start()` puts the prompt through the model (errors come from there);
     iterating yields the reports of the tokens the caller may see; `result` is there once the
-    iteration ended (done, stopped, or left early).
+    iteration ended (done, stopped, or left early). In a batch (`batch`, see together.py) the
+    iteration also gives WAITING whenever nothing settled since the batch's last step.
 
     as_written: stop strings are checked on the text as the model wrote it (channel markers and
     labels kept, every channel), as a raw completion returns it; otherwise on the answer."""

@@ -89,7 +89,9 @@ class Worker:
             raise self._load_error
 
     def submit(self, work: Callable[..., Iterator[Any]]) -> Job:
-        job = Job(work, asyncio.get_running_loop(), getattr(work, "positions", 0))
+        # A request's answer is cut to what the context leaves: it never reaches past it.
+        positions = min(getattr(work, "positions", 0), self.engine.context_length)
+        job = Job(work, asyncio.get_running_loop(), positions)
         self.jobs.put(job)
         return job
 
