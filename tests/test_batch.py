@@ -204,6 +204,23 @@ def test_a_reader_that_leaves_early_leaves_every_sequence_consistent(engine):
         assert engine.generate(prompt, max_tokens=40, cache=cache).tokens == solo[i]
 
 
+def test_a_short_sequence_that_leaves_with_tokens_untaken_goes_back_consistent(engine):
+    """Prompts shorter than a sliding window, left after three tokens with more settled and not
+    taken: the untaken tokens go back (found by a review: a sequence holding its whole history
+    came out of the batch unable to trim), and each conversation resumes to its solo answer."""
+    cache = PromptCache(engine.target, 10**9)
+    prompts = [[2, 105, 77], [2, 105, 78, 9]]
+    solo = [engine.generate(p, max_tokens=12, draft_tokens=4).tokens for p in prompts]
+    stream = iter(engine.stream_many(prompts, Options(max_tokens=12, draft_tokens=4), cache=cache))
+    got = [next(stream) for _ in range(3)]
+    stream.close()
+    for i, prompt in enumerate(prompts):
+        taken = [report.token for j, report in got if j == i]
+        assert taken == solo[i][: len(taken)]
+        follow = prompt + solo[i] + [5]
+        assert engine.generate(follow, max_tokens=4, cache=cache).tokens == engine.generate(follow, max_tokens=4).tokens
+
+
 def test_bad_requests_in_a_batch_are_refused_by_name(engine):
     with pytest.raises(Exception, match="options for"):
         engine.generate_many([[5, 6], [7, 8]], [Options(), Options(), Options()])

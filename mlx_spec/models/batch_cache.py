@@ -126,9 +126,10 @@ class BatchCaches:
                 c.keys = mx.take_along_axis(k, slots, axis=2)
                 c.values = mx.take_along_axis(v, slots, axis=2)
                 # It may go back no further than what it holds leaves a window before (a
-                # furthest position past the offset bounds its trims: models/cache.py).
+                # furthest position past the offset bounds its trims: models/cache.py), unless
+                # it holds the whole sequence, from its first position.
                 c.start, c.offset = offset - held, offset
-                c.furthest = max(offset, c.start + c.draft_span + c.max_trim)
+                c.furthest = offset if c.start == 0 else max(offset, c.start + c.draft_span + c.max_trim)
             out.append(c)
         keep = [r for r in range(len(self.slots)) if r != b]
         for i in range(len(self.keys)):

@@ -140,6 +140,8 @@ class Worker:
                         self._take(block=False)
                         self._admit(together)
         together.close()
+        for job in [*self.running, *self.waiting]:  # the server is stopping: their streams end now
+            self._finish(job)
 
     def _take(self, block: bool) -> bool:
         """Move submitted jobs into the waiting line; False when the worker is to stop."""
