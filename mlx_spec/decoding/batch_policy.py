@@ -21,7 +21,7 @@ nothing. A step that traced a compiled function is not timed.
 
 from typing import Dict, List, Optional, Tuple
 
-from .policy import EXPLORE_TRIES, MAX_PROBE_INTERVAL, PER_GUESS, average
+from .policy import EXPLORE_TRIES, MAX_PROBE_INTERVAL, PER_GUESS, average, fit_line
 
 PROBE_EVERY = 16  # plain steps between probes, doubled after each probe that kept nothing
 
@@ -122,19 +122,9 @@ class BatchDraftLength:
         return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.seconds.items())}
 
 
+
 def _fit(known):
-    """A least-squares line through (positions, seconds), never below zero, held below the
-    shortest timed length to at least the prior's slope from it."""
+    """fit_line through (positions, seconds), held below the shortest timed length to at least
+    the prior's slope from it."""
     shortest, its_time = known[0]
-    n = len(known)
-    mean_l = sum(k for k, _ in known) / n
-    mean_t = sum(t for _, t in known) / n
-    spread = sum((k - mean_l) ** 2 for k, _ in known)
-    slope = sum((k - mean_l) * (t - mean_t) for k, t in known) / spread
-
-    def line(p):
-        if p < shortest:
-            return max(mean_t + slope * (p - mean_l), its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))
-        return max(mean_t + slope * (p - mean_l), 1e-6)
-
-    return line
+    return fit_line(known, lambda p: its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))

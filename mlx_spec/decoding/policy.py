@@ -206,11 +206,15 @@ class AdaptiveDraftLength:
         def prior(g):
             return its_time * (1 + PER_GUESS * g) / (1 + PER_GUESS * shortest)
 
-        if len(known) < 2:
-            return prior
-        n = len(known)
-        mean_g = sum(k for k, _ in known) / n
-        mean_t = sum(t for _, t in known) / n
-        spread = sum((k - mean_g) ** 2 for k, _ in known)
-        slope = sum((k - mean_g) * (t - mean_t) for k, t in known) / spread
-        return lambda g: max(mean_t + slope * (g - mean_g), prior(g) if g < shortest else 1e-6)
+        return prior if len(known) < 2 else fit_line(known, prior)
+
+
+def fit_line(known, prior):
+    """A least-squares line through (length, seconds) points (two or more), never below zero,
+    and below the shortest length never below `prior`."""
+    shortest, n = known[0][0], len(known)
+    mean_x = sum(k for k, _ in known) / n
+    mean_t = sum(t for _, t in known) / n
+    spread = sum((k - mean_x) ** 2 for k, _ in known)
+    slope = sum((k - mean_x) * (t - mean_t) for k, t in known) / spread
+    return lambda x: max(mean_t + slope * (x - mean_x), prior(x) if x < shortest else 1e-6)

@@ -159,7 +159,6 @@ class BatchCaches:
         grown = FullCache.step * -(-need // FullCache.step)
         for i, ring in enumerate(self.rings):
             if ring is None:
-                B, H, _, Dk = self.keys[i].shape
                 pad = [(0, 0), (0, 0), (0, grown - size), (0, 0)]
                 self.keys[i], self.values[i] = mx.pad(self.keys[i], pad), mx.pad(self.values[i], pad)
 
