@@ -4,7 +4,7 @@ A row is one request's decoding: its decoder (sampling settings and seed, drafte
 statistics, statistics: what `Decoder` holds for a generation alone), its sequence state and its
 budget. A row joins once its prompt is in (`Batch.join`) and leaves at its end, between steps.
 
-A step (`Batch.step`):
+A step (`Batch.step`, built in batch_step.py):
 - each row's draft length, from the batch's one cost model and the row's own acceptance
   (batch_policy.py);
 - each row's draft from its own drafter, the MTP assistant's steps once for every row that uses
@@ -20,8 +20,13 @@ So a row gives the tokens it gives alone: the logits at each of its positions re
 caches, and its draws read only its own uniforms. Nothing rejected is ever attended: it lies
 past the row's offset, where the mask leaves it out until the next pass overwrites it.
 
+The steps are pipelined as the single-sequence loop's cycles are: the next step is built from
+the running one's lazy outputs and queued before the running one syncs, so the device never
+waits while the host settles a step and its readers take the tokens. A step built ahead that a
+row cannot use (it finished, or left) is cut from that row's caches like rejected guesses.
+
 A row's reports wait in its queue until its reader takes them, and a row whose reader has not
-taken them sits the next step out (so no row runs more than a step ahead of its reader). The
+taken them sits the next step out (so no row runs more than two steps ahead of its reader). The
 reader (`Batch.join` returns it) gives WAITING when it has nothing until the next step. A reader
 closed early (its request ended, its client left) leaves the batch at once: the tokens it did not
 take are taken back, and the caches hold exactly what it handed over.
@@ -34,14 +39,12 @@ from typing import Deque, List, Optional, Tuple
 
 import mlx.core as mx
 
-from ..drafting import DraftContext
-from ..drafting.rows import draft_rows
 from ..errors import SettingsError
-from ..models.protocol import SharedKV, TargetModel
+from ..models.protocol import TargetModel
 from .batch_policy import BatchDraftLength
-from .cycle import Cycle, Start
+from .batch_step import Member, Step, StepBuilder
 from .decoder import Decoder
-from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS
+from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS, TRIM_ALLOWANCE
 from .pipeline import outcome
 from .reports import WAITING, TokenReport
 from .sequence import SequenceState
@@ -93,12 +96,19 @@ class RowReader:
 class Batch:
     """The rows decoding together over one target."""
 
-    def __init__(self, target: TargetModel, policy: Optional[BatchDraftLength] = None):
+    def __init__(self, target: TargetModel, policy: Optional[BatchDraftLength] = None, pipelined: bool = True):
+        """`pipelined`: each step is built and queued while the one before it runs (False: built
+        from the settled rows each time, for a comparison)."""
         self.target = target
         self.policy = policy if policy is not None else BatchDraftLength(ADAPTIVE_MAX_G)
-        # Every row's K/V, one buffer per layer. A row goes back at most one step's positions:
-        # its padding and rejected guesses, or the tokens its reader did not take.
-        self.caches = target.batch_caches(max_trim=MAX_DRAFT_TOKENS + 1, max_pass=MAX_DRAFT_TOKENS + 1)
+        # Every row's K/V, one buffer per layer. A row goes back at most three passes'
+        # positions, as a sequence alone does (limits.py): a step settled and not taken, the
+        # next one settled, and one queued after it.
+        self.caches = target.batch_caches(max_trim=TRIM_ALLOWANCE, max_pass=MAX_DRAFT_TOKENS + 1)
+        self.builder = StepBuilder(target, self.caches, self.policy)
+        self.pipelined = pipelined
+        self.upcoming: Optional[Step] = None  # the step queued ahead, to run at the next call
+        self.synced_at = 0.0  # when the last step synced
         self.rows: List[Row] = []
         self.steps = 0
         self.recent: Deque[Tuple[float, int]] = deque()  # (when, tokens) of the last steps
@@ -114,17 +124,20 @@ class Batch:
         return RowReader(self, row)
 
     def leave(self, row: Row) -> None:
-        """The row leaves (once): its untaken tokens go back, its caches to its settled tokens."""
+        """The row leaves (once): its untaken tokens go back, its caches to its settled tokens
+        (cut in the storage, within its trim allowance, then copied out)."""
         if row not in self.rows:
             return
         self.rows.remove(row)
-        if row.state.in_batch:
-            row.state.leave(self.caches)
         if row.ready:
             row.state.take_back(len(row.ready), row.hidden)
             row.decoder.stats.generated_tokens -= len(row.ready)
             row.ready.clear()
         row.state.trim_to_settled()
+        if row.state.in_batch:
+            row.state.leave(self.caches)
+        if not self.rows:
+            self.upcoming = None  # nothing of it is anyone's now
         row.decoder.stats.generation_seconds += time.perf_counter() - row.joined
         row.decoder.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
@@ -139,83 +152,71 @@ class Batch:
         return sum(n for _, n in list(self.recent)[1:]) / max(now - self.recent[0][0], 1e-9)
 
     def step(self) -> int:
-        """One step for every row whose reader has taken its reports; the tokens it settled."""
-        rows = [r for r in self.rows if not r.done and not r.ready]
-        if not rows:
-            return 0
-        began, traces = time.perf_counter(), self.target.traces.made
+        """One step for every row whose reader has taken its reports; the tokens it settled.
+
+        The step queued at the last call (built ahead) is the one that runs now, if there is
+        one; the step after it is built and queued before this one syncs, so that the device
+        goes on while this one's rows settle and their readers take the tokens."""
+        running, self.upcoming = self.upcoming, None
         try:
-            cycles, positions = self._cycles(rows)
-            mx.eval([a for c in cycles for a in c.arrays()])
+            if running is None:
+                running = self.builder.build(self.rows, None)
+                if running is None:
+                    return 0
+                self._launch(running)
+            ahead = self.builder.build(self.rows, running) if self.pipelined else None
+            if ahead is not None:
+                self._launch(ahead)
+            mx.eval(running.arrays())
         except BaseException as e:  # each row's reader raises it; the batch goes on without them
-            for row in rows:
-                row.state.trim_to_settled()
-                row.error, row.done = e, True
+            self._fail(running, e)
             if not isinstance(e, Exception):
                 raise
             return 0
-        seconds = time.perf_counter() - began
-        drafted = sum(c.g for c in cycles)
-        settled = [self._settle(row, cycle, positions) for row, cycle in zip(rows, cycles)]
-        kept = sum(n - 1 for n in settled)
-        self.policy.observe(len(rows), positions, None if self.target.traces.made > traces else seconds, drafted, kept)
+        synced = time.perf_counter()
+        seconds = synced - max(running.launched, self.synced_at)
+        self.synced_at = synced
+        settled = self._settle_step(running)
+        drafted = sum(m.cycle.g for m in running.stepping if not m.alone)
+        if running.rows:
+            self.policy.observe(running.rows, running.positions, None if running.traced else seconds, drafted,
+                                sum(settled.values()) - len(settled))
         self.steps += 1
-        self.recent.append((time.perf_counter(), sum(settled)))
-        return sum(settled)
+        self.recent.append((time.perf_counter(), sum(settled.values())))
+        self.upcoming = ahead
+        return sum(settled.values())
 
-    def _cycles(self, rows: List[Row]) -> Tuple[List[Cycle], int]:
-        """The lazy graph of every row's cycle: drafts, one target pass, each row's acceptance.
-        A row whose caches are still empty (a one-token prompt) runs its first cycle alone."""
-        for row in rows:
-            if not row.state.in_batch and row.state.cached > 0:
-                row.state.enter(self.caches)
-        alone = [r for r in rows if not r.state.in_batch]
-        cycles = {id(r): r.decoder.builder.build(r.state, Start.settled(r.state), 0, None) for r in alone}
-        together = [r for r in rows if r.state.in_batch]
-        positions = 1
-        if together:
-            order = sorted(together, key=lambda r: r.state.cache[0].index)  # the storage's row order
-            batched, positions = self._together(order)
-            cycles.update(zip(map(id, order), batched))
-        return [cycles[id(r)] for r in rows], positions
+    def _launch(self, step: Step) -> None:
+        step.launched = time.perf_counter()
+        mx.async_eval(step.arrays())
 
-    def _together(self, rows: List[Row]) -> Tuple[List[Cycle], int]:
-        """The cycles of every row in the storage (`rows` in its order, all of them)."""
-        starts = [Start.settled(r.state) for r in rows]
-        gs = [g if start.hidden is not None else 0 for g, start in zip(self.policy.choose(rows), starts)]
-        contexts = [DraftContext(r.state.tokens, s.last, s.hidden, {}, r.decoder.settings,
-                                 s.uniforms(r.decoder.uniforms["draft"], 0, g), ngrams=r.state.ngrams) if g else None
-                    for r, s, g in zip(rows, starts, gs)]
-        drafts = draft_rows([r.decoder.drafter for r in rows], contexts, gs, lambda idx: self._assistant_inputs(starts, idx))
-        drafts = [r.decoder.builder.check(d, g) for r, d, g in zip(rows, drafts, gs)]
-        positions = max(d.tokens.shape[0] for d in drafts) + 1
-        vocab = self.target.vocab_size
-        inputs = mx.concatenate([_padded(s.last, mx.clip(d.tokens, 0, vocab - 1), positions)
-                                 for s, d in zip(starts, drafts)])
-        logits, hidden = self.target.forward_batch(inputs, self.caches)
-        cycles = []
-        for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, gs)):
-            g = draft.tokens.shape[0]
-            kept, tokens, reports = row.decoder.builder.verify(start, logits[b, : g + 1], draft)
-            cycles.append(Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports))
-        return cycles, positions
+    def _fail(self, running: Optional[Step], error: BaseException) -> None:
+        """A step failed: nothing queued settles, every row goes back to its settled tokens, and
+        the rows it was for (all that were to step, if it was not built) end with the error."""
+        failed = [m.row for m in running.stepping] if running is not None else [r for r in self.rows if not (r.done or r.ready)]
+        for row in failed:
+            row.error, row.done = error, True
+        for row in self.rows:
+            row.state.trim_to_settled()
 
-    def _assistant_inputs(self, starts: List[Start], rows: List[int]) -> tuple:
-        """The MTP assistant's inputs for these rows of the storage: last tokens, hidden states,
-        positions (of the last settled token) and the K/V (of these rows only, if not all)."""
-        kv = self.target.batch_drafter_buffers(self.caches)
-        if len(rows) < len(starts):
-            pick = mx.array(rows)
-            kv = {k: SharedKV(v.keys[pick], v.values[pick], v.lo[pick], v.hi[pick], v.held if v.held.shape[0] == 1 else v.held[pick])
-                  for k, v in kv.items()}
-        last = mx.concatenate([starts[b].last for b in rows])
-        hidden = mx.concatenate([starts[b].hidden for b in rows])
-        positions = mx.array([starts[b].length - 1 for b in rows], mx.int32)
-        return last, hidden, positions, kv
+    def _settle_step(self, step: Step) -> dict:
+        """Settle each row of a synced step; {id(row): tokens settled} for the rows that stepped."""
+        settled = {}
+        for member in step.members:
+            row = member.row
+            if row not in self.rows:
+                continue  # it left: its caches went back to its settled tokens
+            if member.cycle is None or row.done:
+                if row.state.in_batch:
+                    row.state.trim(step.positions)  # nothing of this step is its
+                continue
+            settled[id(row)] = self._settle(row, member, step.positions)
+        return settled
 
-    def _settle(self, row: Row, cycle: Cycle, positions: int) -> int:
+    def _settle(self, row: Row, member: Member, positions: int) -> int:
         """Settle a row's cycle as it settles alone (`Decoder.settle`); the tokens it settled."""
-        if row.state.in_batch:
+        cycle = member.cycle
+        if not member.alone:
             row.state.trim(positions - (cycle.g + 1))  # its padding
         out = outcome(cycle, row.budget, row.decoder.stop_tokens)
         row.decoder.stats.host_syncs += 1
@@ -225,13 +226,3 @@ class Batch:
         row.budget -= len(out.tokens)
         row.done = out.stopped or row.budget <= 0
         return len(out.tokens)
-
-
-def _padded(last: mx.array, guesses: mx.array, positions: int) -> mx.array:
-    """[1, positions]: the last settled token, the guesses, then copies of the last token (their
-    positions are computed and cut, as rejected guesses are)."""
-    pad = positions - 1 - guesses.shape[0]
-    parts = [last.astype(mx.int32), guesses.astype(mx.int32)[None]]
-    if pad:
-        parts.append(mx.broadcast_to(last.astype(mx.int32), (1, pad)))
-    return mx.concatenate(parts, axis=1)

@@ -51,9 +51,10 @@ class BatchPass:
         self.target, self.traces = target, traces
         self._weights_ready = False
 
-    def __call__(self, tokens: mx.array, caches: BatchCaches) -> Tuple[mx.array, mx.array]:
+    def __call__(self, tokens: mx.array, caches: BatchCaches, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """(logits, hidden) [B, L, ...] of every row's tokens, each row at its own offset; every
-        row's offset advances by L."""
+        row's offset advances by L. `offsets`: the rows' offsets on the device, for a step built
+        ahead (the caches' own then count the most each can be)."""
         n = tokens.shape[1]
         caches.reserve(n)
         buffers = [b for k, v in zip(caches.keys, caches.values) for b in (k, v)]
@@ -62,7 +63,7 @@ class BatchPass:
             self._weights_ready = True
         rings = tuple(caches.rings)
         function = self.traces.get(("batch-pass", rings, shapes_of([tokens, *buffers])), lambda: self._pass(rings))
-        logits, hidden, *written = function(tokens.astype(mx.int32), caches.device_offsets(), *buffers)
+        logits, hidden, *written = function(tokens.astype(mx.int32), caches.device_offsets() if offsets is None else offsets, *buffers)
         caches.written(written[0::2], written[1::2], n)
         return logits, hidden
 

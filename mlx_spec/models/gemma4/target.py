@@ -100,17 +100,19 @@ class Target:
         """The K/V storage of sequences decoding together (models/batch_cache.py)."""
         return BatchCaches(sliding_windows(self.make_cache(max_trim)), max_trim, max_pass)
 
-    def forward_batch(self, tokens: mx.array, caches: BatchCaches) -> Tuple[mx.array, mx.array]:
-        """(logits, hidden) of every row's tokens [B, L], each row at its own offset (compiled)."""
+    def forward_batch(self, tokens: mx.array, caches: BatchCaches, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+        """(logits, hidden) of every row's tokens [B, L], each row at its own offset (compiled;
+        `offsets`: on the device, for a step built ahead)."""
         if tokens.shape[0] != len(caches) or tokens.shape[1] > MAX_POSITIONS:
             raise ValueError(f"a batch pass takes one row per sequence and at most {MAX_POSITIONS} positions, "
                              f"got {tokens.shape} for {len(caches)} rows")
-        return self._batch_pass(tokens, caches)
+        return self._batch_pass(tokens, caches, offsets)
 
-    def batch_drafter_buffers(self, caches: BatchCaches) -> Dict[str, SharedKV]:
+    def batch_drafter_buffers(self, caches: BatchCaches, end: Optional[mx.array] = None) -> Dict[str, SharedKV]:
         """`drafter_buffers` for every row of a batch: the settled positions of each row, read
-        through the positions its slots hold (a ring on the sliding layer)."""
-        end = caches.device_offsets()
+        through the positions its slots hold (a ring on the sliding layer). `end`: each row's
+        settled positions on the device, for a step built ahead."""
+        end = caches.device_offsets() if end is None else end
         i, j = self.kv_layers[SLIDING], self.kv_layers[FULL]
         ring = caches.rings[i]
         full_slots = mx.arange(caches.keys[j].shape[2])[None]

@@ -1,0 +1,162 @@
+"""One step of a batch (decoding/batch.py) as a lazy MLX graph: each row's draft, one target pass
+over every row of the storage, each row's acceptance. Nothing here synchronises.
+
+A step is built from the settled rows, or ahead: while the step before it still runs on the
+device, from that step's lazy outputs (as the single-sequence loop builds its next cycle:
+cycle.py, pipeline.py). A row's start is then `Start.after` its running cycle: its input token,
+hidden state, write offset and uniforms' index are device arrays, whatever the running cycle
+keeps. So the device goes from one step to the next without waiting for the host, and the host
+settles a step and hands its tokens over while the next one runs.
+
+Every row of the storage is in every pass (the pass is over the whole buffers). A row that
+does not step this time (its reader has not taken its reports, it has finished, or its budget
+ends with the running step) sits it out: its last token goes through at its offset and the
+positions are cut at the settle, as rejected guesses are. A sequence whose caches are still
+empty (a one-token prompt) takes its first cycle alone, in its own caches, inside the step.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, NamedTuple, Optional
+
+import mlx.core as mx
+
+from ..drafting import DraftContext
+from ..drafting.rows import draft_rows
+from ..models.protocol import SharedKV
+from .cycle import Cycle, Start
+
+
+class Ask(NamedTuple):
+    """What the draft-length policy reads of a row: its decoder and the tokens it may still make."""
+
+    decoder: object
+    budget: int
+
+
+@dataclass
+class Member:
+    row: object  # decoding/batch.py's Row
+    cycle: Optional[Cycle]  # None: the row sits the step out
+    alone: bool = False  # a first cycle in the sequence's own caches
+
+
+@dataclass
+class Step:
+    members: List[Member]
+    positions: int  # of the batch pass (0: no pass, only rows alone)
+    rows: int  # of the batch pass
+    traced: bool
+    ahead: bool  # built before the step it follows had synced
+    launched: float = 0.0
+    stepping: List[Member] = field(init=False)
+
+    def __post_init__(self):
+        self.stepping = [m for m in self.members if m.cycle is not None]
+
+    def arrays(self) -> list:
+        return [a for m in self.stepping for a in m.cycle.arrays()]
+
+    def member(self, row) -> Optional[Member]:
+        return next((m for m in self.members if m.row is row), None)
+
+
+class StepBuilder:
+    def __init__(self, target, caches, policy):
+        self.target, self.caches, self.policy = target, caches, policy
+
+    def build(self, rows: list, running: Optional[Step]) -> Optional[Step]:
+        """The next step for `rows` (the batch's rows), ahead of `running` if it is given. None:
+        nothing to step, or (ahead) a row's drafter needs the running step's tokens on the host."""
+        # A row whose first cycle runs alone is left out until it has settled.
+        rows = [r for r in rows if running is None or not (running.member(r) or Member(r, None)).alone]
+        for row in rows:
+            if not row.state.in_batch and row.state.cached > 0 and not row.done:
+                row.state.enter(self.caches)
+        alone = [Member(r, r.decoder.builder.build(r.state, Start.settled(r.state), 0, None), alone=True)
+                 for r in rows if not r.state.in_batch and not r.done and not r.ready and r.budget > 0]
+        stored = sorted((r for r in rows if r.state.in_batch), key=lambda r: r.state.cache[0].index)
+        if len(stored) != len(self.caches):
+            raise RuntimeError(f"the batch's storage holds {len(self.caches)} rows, its rows {len(stored)}")
+        before = self.target.traces.made
+        members, positions = self._together(stored, running) if stored else ([], 0)
+        if members is None:
+            return None
+        step = Step(alone + members, positions, len(stored), self.target.traces.made > before or
+                    any(m.cycle.traced for m in alone), running is not None)
+        return step if step.stepping else None
+
+    def _together(self, rows: list, running: Optional[Step]):
+        """(members, positions) of the pass over every stored row, in the storage's order."""
+        starts, drafters, asks = [], [], []
+        for row in rows:
+            member = running.member(row) if running is not None else None
+            ran = member is not None and member.cycle is not None and not member.alone
+            start = Start.after(row.state, member.cycle) if ran else Start.settled(row.state)
+            budget = row.budget - (1 if ran else 0)  # the running cycle settles at least one token
+            steps = not (row.done or row.ready or budget <= 0)
+            drafter = row.decoder.drafter
+            if ran and drafter is not None:
+                drafter = drafter.for_ahead(member.cycle.source)
+            starts.append(start)
+            drafters.append(drafter if steps else None)
+            asks.append(Ask(row.decoder, budget if steps else 0))
+        if not any(a.budget > 0 for a in asks):
+            return None, 0
+        gs = [g if start.hidden is not None else 0 for g, start in zip(self.policy.choose(asks), starts)]
+        if any(g > 0 and d is None and a.decoder.drafter is not None for g, d, a in zip(gs, drafters, asks)):
+            return None, 0  # a drafter that reads the tokens on the host: the step waits for them
+        offsets = _offsets(starts)
+        contexts = [DraftContext(r.state.tokens, s.last, s.hidden, {}, r.decoder.settings,
+                                 s.uniforms(r.decoder.uniforms["draft"], 0, g), s.ahead, r.state.ngrams) if g else None
+                    for r, s, g in zip(rows, starts, gs)]
+        drafts = draft_rows(drafters, contexts, gs, lambda idx: self._assistant_inputs(starts, offsets, idx))
+        drafts = [r.decoder.builder.check(d, g) for r, d, g in zip(rows, drafts, gs)]
+        positions = max(d.tokens.shape[0] for d in drafts) + 1
+        vocab = self.target.vocab_size
+        inputs = mx.concatenate([_padded(s.last, mx.clip(d.tokens, 0, vocab - 1), positions)
+                                 for s, d in zip(starts, drafts)])
+        logits, hidden = self.target.forward_batch(inputs, self.caches, offsets)
+        members = []
+        for b, (row, start, draft, asked, ask) in enumerate(zip(rows, starts, drafts, gs, asks)):
+            if ask.budget <= 0:
+                members.append(Member(row, None))
+                continue
+            g = draft.tokens.shape[0]
+            kept, tokens, reports = row.decoder.builder.verify(start, logits[b, : g + 1], draft)
+            members.append(Member(row, Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports)))
+        return members, positions
+
+    def _assistant_inputs(self, starts: List[Start], offsets: mx.array, rows: List[int]) -> tuple:
+        """The MTP assistant's inputs for these rows of the storage: last tokens, hidden states,
+        positions (of the last settled token) and the K/V (of these rows only, if not all)."""
+        kv = self.target.batch_drafter_buffers(self.caches, offsets)
+        positions = offsets
+        if len(rows) < len(starts):
+            pick = mx.array(rows)
+            kv = {k: SharedKV(v.keys[pick], v.values[pick], v.lo[pick], v.hi[pick], v.held if v.held.shape[0] == 1 else v.held[pick])
+                  for k, v in kv.items()}
+            positions = offsets[pick]
+        last = mx.concatenate([starts[b].last for b in rows])
+        hidden = mx.concatenate([starts[b].hidden for b in rows])
+        return last, hidden, positions, kv
+
+
+def _offsets(starts: List[Start]) -> mx.array:
+    """[B]: where each row's pass writes (its last settled token's position), on the device: the
+    host knows it for a settled row, a row after a running cycle adds what that cycle keeps."""
+    bases = mx.array([s.length - 1 for s in starts], mx.int32)
+    aheads = [s.ahead for s in starts]
+    if all(not isinstance(a, mx.array) for a in aheads):
+        return bases + mx.array([a or 0 for a in aheads], mx.int32)
+    return bases + mx.stack([a.astype(mx.int32).reshape(()) if isinstance(a, mx.array) else mx.array(a or 0, mx.int32)
+                             for a in aheads])
+
+
+def _padded(last: mx.array, guesses: mx.array, positions: int) -> mx.array:
+    """[1, positions]: the last settled token, the guesses, then copies of the last token (their
+    positions are computed and cut, as rejected guesses are)."""
+    pad = positions - 1 - guesses.shape[0]
+    parts = [last.astype(mx.int32), guesses.astype(mx.int32)[None]]
+    if pad:
+        parts.append(mx.broadcast_to(last.astype(mx.int32), (1, pad)))
+    return mx.concatenate(parts, axis=1)
