@@ -13,8 +13,7 @@ from .decoding.decoder import Decoder
 from .decoding.prompt_cache import PromptCache
 from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
 from .errors import SettingsError
-from .decoding.batch_policy import BatchDraftLength
-from .decoding.limits import ADAPTIVE_MAX_G
+from .decoding.draft_lengths import DraftLengths
 from .generation import Generation, GenerationResult
 from .media.items import Prepared
 from .media.prompt import has_media
@@ -37,9 +36,9 @@ class Engine:
                                                               pair.family.load_media)
         self.mtp_drafter = MTPDrafter(pair.assistant, pair.target) if pair.assistant is not None else None
         self.lookup = PromptLookup()
-        # What a batch step costs, by rows and positions: learnt once for this engine, by every
-        # batch on it (decoding/batch_policy.py).
-        self.batch_policy = BatchDraftLength(ADAPTIVE_MAX_G)
+        # What a step costs, by rows and positions: learnt once for this engine, by every
+        # generation on it, alone or batched (decoding/draft_lengths.py).
+        self.draft_lengths = DraftLengths()
 
     @classmethod
     def of(cls, target, assistant=None, tokenizer=None, stop_tokens: Sequence[int] = (), family=None) -> "Engine":
@@ -51,7 +50,7 @@ class Engine:
     def with_stop_tokens(self, stop_tokens: Sequence[int]) -> "Engine":
         """This engine's models and media with exactly these stop tokens."""
         engine = Engine(self.pair, self.text.with_stop_tokens(stop_tokens), self.media)
-        engine.mtp_drafter, engine.lookup, engine.batch_policy = self.mtp_drafter, self.lookup, self.batch_policy
+        engine.mtp_drafter, engine.lookup, engine.draft_lengths = self.mtp_drafter, self.lookup, self.draft_lengths
         return engine
 
     # -- what it holds ---------------------------------------------------------------------
@@ -124,7 +123,8 @@ class Engine:
             if options.mtp and self.mtp_drafter is None:
                 raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
             drafter = self._default_drafter(options.lookup)
-        return Decoder(self.target, options.sampling, drafter, options.draft_tokens, options.report, self.stop_tokens)
+        return Decoder(self.target, options.sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
+                       lengths=self.draft_lengths)
 
     def _default_drafter(self, lookup: bool) -> Optional[Drafter]:
         """Prompt lookup where the text has a match, the MTP assistant where not; either alone

@@ -41,7 +41,7 @@ class Task:
 class Together:
     def __init__(self, engine):
         self.engine = engine
-        self.batch = Batch(engine.target, engine.batch_policy)
+        self.batch = Batch(engine.target, engine.draft_lengths)
         self.tasks: List[Task] = []
 
     def add(self, make: Callable[[Callable[[], bool]], Iterator[Any]], emit: Callable[[Any], None],

@@ -19,8 +19,17 @@ def prefill(target, tokens: mx.array, cache: list, chunk: int = PREFILL_CHUNK, s
 
 
 def sliced(kv: Dict[str, SharedKV]) -> Dict[str, Tuple[mx.array, mx.array]]:
-    """(keys, values) of each range, host-side ends only."""
-    return {kind: (v.keys[..., v.lo : v.hi, :], v.values[..., v.lo : v.hi, :]) for kind, v in kv.items()}
+    """(keys, values) of each range, oldest first: slots lo .. hi, or for a batch's row (the
+    positions each slot holds given) the slots holding positions lo .. hi, in their order."""
+    out = {}
+    for kind, v in kv.items():
+        if v.held is None:
+            out[kind] = (v.keys[..., v.lo : v.hi, :], v.values[..., v.lo : v.hi, :])
+            continue
+        held, lo, hi = v.held[0].tolist(), v.lo.item(), v.hi.item()
+        slots = mx.array(sorted((p, s) for s, p in enumerate(held) if lo <= p < hi))[:, 1]
+        out[kind] = (v.keys[..., slots, :], v.values[..., slots, :])
+    return out
 
 
 def exact_kv(target, cache: list) -> Dict[str, Tuple[mx.array, mx.array]]:

@@ -7,10 +7,41 @@ import pytest
 
 import tiny
 from mlx_spec import load
-from mlx_spec.decoding.policy import AdaptiveDraftLength
+from mlx_spec.decoding.draft_lengths import Ask, DraftLengths
+from mlx_spec.decoding.policy import DraftLength
 from scripted import ScriptedDrafter
 
 LONG = 200
+
+
+class Alone:
+    """One request's draft length under an engine's cost model, as a generation alone uses
+    them: each cycle a step of one row."""
+
+    def __init__(self, lengths=None):
+        self.policy, self.lengths = DraftLength(), lengths or DraftLengths()
+
+    def choose(self, budget):
+        return self.lengths.choose([Ask(self.policy, budget)])[0]
+
+    def observe(self, g, kept, seconds, asked=None):
+        self.policy.observe(g, kept, asked)
+        self.lengths.observe(1, g + 1, seconds)
+
+    def withdraw(self):
+        self.policy.withdraw()
+
+    def fastest(self, limit):
+        return self.lengths.fastest(1, [(0, self.policy, limit)])
+
+    def line(self, g):
+        return self.lengths._line(1)(g + 1)
+
+    def measured(self, g):
+        return self.lengths.seconds.get((1, g + 1))
+
+    def probe_every(self):
+        return self.lengths._probe_every(self.policy, 1)
 
 
 def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3, cost=None):
@@ -29,12 +60,12 @@ def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3, co
 
 
 def test_policy_stops_drafting_when_nothing_is_kept():
-    chosen = simulate(AdaptiveDraftLength(8), acceptance=0.0)
+    chosen = simulate(Alone(), acceptance=0.0)
     assert chosen.get(0, 0) > 0.85 * sum(chosen.values())
 
 
 def test_policy_drafts_long_when_everything_is_kept():
-    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0)
+    chosen = simulate(Alone(), acceptance=1.0)
     assert chosen.get(8, 0) > 0.9 * sum(chosen.values())
 
 
@@ -42,18 +73,18 @@ def test_policy_measures_the_lengths_next_to_its_choice():
     """A pass whose cost jumps at 9 positions (as matmul kernels change with the rows; the
     small shape's 9-position pass on this project's CPU): the straight line through the lengths
     measured says g = 8 at a = 1, the lengths next to it are measured, and g = 7 wins."""
-    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0, cost=lambda g: 1 + 0.1 * g + (0.3 if g == 8 else 0))
+    chosen = simulate(Alone(), acceptance=1.0, cost=lambda g: 1 + 0.1 * g + (0.3 if g == 8 else 0))
     assert chosen.get(7, 0) > 0.9 * sum(chosen.values())
     # Where the line is right, the neighbours cost a few cycles and the choice stays.
-    chosen = simulate(AdaptiveDraftLength(8), acceptance=1.0, cost=lambda g: 1 + 0.1 * g)
+    chosen = simulate(Alone(), acceptance=1.0, cost=lambda g: 1 + 0.1 * g)
     assert chosen.get(8, 0) > 0.95 * sum(chosen.values())
 
 
 def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
     """A length whose cycles are never timed (each traced) is not tried forever."""
-    from mlx_spec.decoding.policy import EXPLORE_TRIES
+    from mlx_spec.decoding.draft_lengths import EXPLORE_TRIES
 
-    policy = AdaptiveDraftLength(8)
+    policy = Alone()
     chosen = []
     for _ in range(100):
         g = policy.choose(budget=100)
@@ -65,17 +96,17 @@ def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
 def test_a_plain_cycle_never_looks_free():
     """Two short drafts timed with noise (g = 2 fast, g = 3 slow) tilt the line through them
     below zero at g = 0: the prior bounds it there, and with every guess kept the policy drafts."""
-    policy = AdaptiveDraftLength(8)
+    policy = Alone()
     policy.observe(2, 2, 0.100)
     policy.observe(3, 3, 0.165)
-    assert policy._line()(0) >= 0.100 / 1.5
-    assert policy._fastest(8) > 0
+    assert policy.line(0) >= 0.100 / 1.5
+    assert policy.fastest(8) > 0
 
 
 def test_policy_finds_the_middle():
     # a = 0.6, each guess costs 0.3 of a step: E(g) / (1 + 0.3 g) is 1.00, 1.23, 1.23, 1.15,
     # 1.04 for g = 0..4: one or two guesses.
-    chosen = simulate(AdaptiveDraftLength(8), acceptance=0.6, cycles=600)
+    chosen = simulate(Alone(), acceptance=0.6, cycles=600)
     assert chosen.get(1, 0) + chosen.get(2, 0) > 0.7 * sum(chosen.values())
 
 
@@ -84,7 +115,7 @@ def test_policy_drafts_again_when_content_becomes_predictable():
     kept nothing) a probe notices, and two cycles later the draft is long again."""
     from mlx_spec.decoding.policy import MAX_PROBE_INTERVAL
 
-    policy = AdaptiveDraftLength(8)
+    policy = Alone()
     simulate(policy, acceptance=0.0, cycles=400)
     chosen = simulate(policy, acceptance=1.0, cycles=MAX_PROBE_INTERVAL + 300, seed=1)
     late = sum(v for g, v in chosen.items() if g >= 6)
@@ -94,7 +125,7 @@ def test_policy_drafts_again_when_content_becomes_predictable():
 def stopped_policy():
     """A policy that has stopped drafting, with its next probe about to be handed out while a
     plain cycle runs (the loop chooses each cycle while the one before it runs)."""
-    policy = AdaptiveDraftLength(8)
+    policy = Alone()
     simulate(policy, acceptance=0.0, cycles=100)
     while policy.choose(budget=100) == 0:
         policy.observe(0, 0, 1.0)
@@ -106,8 +137,8 @@ def test_a_probe_is_handed_out_once_until_it_settles_or_is_withdrawn():
     policy.observe(0, 0, 1.0)  # the plain cycle that ran while the probe was chosen
     assert policy.choose(budget=100) == 0  # chosen while the probe runs: no second probe
     policy.withdraw()  # that cycle was thrown away unrun; so was the probe
-    assert policy.choose(budget=100) == policy.probe_g
-    policy.observe(policy.probe_g, 0, 1.3)
+    assert policy.choose(budget=100) == policy.policy.probe_g
+    policy.observe(policy.policy.probe_g, 0, 1.3)
     assert policy.choose(budget=100) == 0  # the probe settled: the next one waits its turn
 
 
@@ -117,15 +148,16 @@ def test_a_probe_that_keeps_everything_is_followed_by_a_longer_one():
     policy = stopped_policy()
     policy.observe(0, 0, 1.0)
     assert policy.choose(budget=100) == 0
-    policy.observe(policy.probe_g, policy.probe_g, 1.3)  # every guess kept
-    assert policy.choose(budget=100) == min(4 * policy.probe_g, 8)
+    probe_g = policy.policy.probe_g
+    policy.observe(probe_g, probe_g, 1.3)  # every guess kept
+    assert policy.choose(budget=100) == min(4 * probe_g, 8)
 
 
 def test_a_probe_whose_drafter_proposed_nothing_still_ends():
     """Prompt lookup may propose no guess: the probe ran with none, and probing goes on later."""
     policy = stopped_policy()
     policy.observe(0, 0, 1.0)
-    policy.observe(0, 0, 1.0, asked=policy.probe_g)
+    policy.observe(0, 0, 1.0, asked=policy.policy.probe_g)
     probes = 0
     for _ in range(3 * 128):  # MAX_PROBE_INTERVAL: the longest wait between two probes
         g = policy.choose(budget=100)
@@ -155,16 +187,16 @@ def test_probes_that_keep_nothing_back_off():
     from mlx_spec.decoding.policy import MAX_PROBE_INTERVAL
 
     policy = stopped_policy()
-    policy.observe(policy.probe_g, 0, 1.3)  # the probe handed out settles, keeping nothing
-    fixed = 3000 * policy.backoff // policy.probe_every()  # probes at the interval without back-off
+    policy.observe(policy.policy.probe_g, 0, 1.3)  # the probe handed out settles, keeping nothing
+    fixed = 3000 * policy.policy.backoff // policy.probe_every()  # probes at the interval without back-off
     probes = probes_in(policy, 3000, acceptance=0.0)
-    assert 3000 // (MAX_PROBE_INTERVAL + 1) <= probes < fixed / 2 and policy.backoff > 1
+    assert 3000 // (MAX_PROBE_INTERVAL + 1) <= probes < fixed / 2 and policy.policy.backoff > 1
     probes_in(policy, 2 * MAX_PROBE_INTERVAL, acceptance=1.0)
-    assert policy.backoff == 1
+    assert policy.policy.backoff == 1
 
 
 def test_policy_respects_the_budget():
-    policy = AdaptiveDraftLength(8)
+    policy = Alone()
     assert all(policy.choose(budget=3) <= 2 for _ in range(20))
     assert policy.choose(budget=1) == 0
 
@@ -188,10 +220,11 @@ def test_default_drafting_is_exact_and_adaptive(engine, prompt, reference):
 
 
 def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference, monkeypatch):
-    # The policy sees modelled cycle times (a pass 1, each guess 0.05 more), so that its choices
-    # do not depend on how busy this machine is; the tokens never depend on them.
-    observe = AdaptiveDraftLength.observe
-    monkeypatch.setattr(AdaptiveDraftLength, "observe", lambda self, g, kept, seconds, asked=None: observe(self, g, kept, 1.0 + 0.05 * g, asked))
+    # The cost model sees modelled step times (a pass 1, each guess 0.05 more), so that its
+    # choices do not depend on how busy this machine is; the tokens never depend on them.
+    observe = DraftLengths.observe
+    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(self, rows, positions, 1.0 + 0.05 * (positions - 1)))
+    monkeypatch.setattr(engine, "draft_lengths", DraftLengths())  # only modelled times in it
     stats = {}
     for p in (0.0, 0.4, 1.0):  # the probability that a guess is broken
         drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=2)
@@ -222,49 +255,50 @@ def test_same_seed_same_tokens_with_lookup(engine, prompt):
 
 
 def test_the_fastest_length_is_the_best_expected_rate():
-    """`choose` finds its length in one pass; it must be the g that maximises E(g) / T(g), the
+    """The length is found in one pass; it must be the g that maximises E(g) / T(g), the
     shortest on a tie, in any measured state: E from the acceptance statistics, T the measured
     time (a line through the measured lengths for the others), never below a shorter draft's."""
 
-    def cycle_seconds(policy, g):
-        shorter = [t for k, t in policy.seconds.items() if k < g]
-        return max([policy.seconds[g] if g in policy.seconds else policy._line()(g), *shorter])
+    def cycle_seconds(alone, g):
+        shorter = [alone.measured(k) for k in range(g) if alone.measured(k) is not None]
+        return max([alone.measured(g) if alone.measured(g) is not None else alone.line(g), *shorter])
 
     rng = random.Random(5)
     for trial in range(300):
-        policy = AdaptiveDraftLength(8)
+        alone = Alone()
         for _ in range(rng.randint(0, 30)):
             g = rng.randint(0, 8)
-            policy.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
+            alone.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
         limit = rng.randint(0, 8)
-        rates = [policy.stats.expected_tokens(g) / cycle_seconds(policy, g) for g in range(limit + 1)]
-        assert policy._fastest(limit) == rates.index(max(rates)), trial
+        rates = [alone.policy.stats.expected_tokens(g) / cycle_seconds(alone, g) for g in range(limit + 1)]
+        assert alone.fastest(limit) == rates.index(max(rates)), trial
 
 
 def test_a_cycle_whose_time_is_unknown_still_counts_its_guesses():
     """observe(..., seconds=None): the acceptance learns from the cycle, the timing does not."""
-    policy = AdaptiveDraftLength(8)
-    policy.observe(3, 3, None)
-    assert 3 not in policy.seconds and 3 not in policy.timed
-    assert policy.stats.judged[:3] == [1, 1, 1] and policy.stats.acceptance[0] == 1.0
-    policy.observe(3, 1, 0.02)
-    assert policy.seconds[3] == 0.02 and policy.timed[3] == 1
+    alone = Alone()
+    alone.observe(3, 3, None)
+    assert alone.measured(3) is None and (1, 4) not in alone.lengths.timed
+    assert alone.policy.stats.judged[:3] == [1, 1, 1] and alone.policy.stats.acceptance[0] == 1.0
+    alone.observe(3, 1, 0.02)
+    assert alone.measured(3) == 0.02 and alone.lengths.timed[(1, 4)] == 1
 
 
-def test_cycles_that_trace_are_not_timed_and_the_steady_state_traces_nothing(checkpoints, prompt):
-    """A fresh engine's first cycle at each length traces its compiled passes (a trace takes
-    several cycles' time): the adaptive length is not charged for it. No other cycle traces
-    (until a buffer grows): the same length replays its graphs, built ahead or not."""
+def test_cycles_that_trace_are_not_timed_and_the_steady_state_traces_nothing(checkpoints, prompt, monkeypatch):
+    """A fresh engine's first step at each length traces its compiled passes (a trace takes
+    several steps' time): the cost model is not charged for it. No other step traces (until a
+    buffer grows): the same length replays its graphs, built ahead or not."""
     from mlx_spec.decoding.sequence import SequenceState
 
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))  # nothing traced yet
     decoder = engine.decoder(draft_tokens=2, lookup=False, report=False)
-    cycles = []  # (g, seconds) of each settled cycle
-    observe = decoder.policy.observe
-    decoder.policy.observe = lambda g, kept, seconds, asked=None: (cycles.append((g, seconds)), observe(g, kept, seconds, asked))
+    steps = []  # (positions, seconds) of each settled step
+    observe = DraftLengths.observe
+    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: (
+        steps.append((positions, seconds)), observe(self, rows, positions, seconds)))
     state = SequenceState(engine.target)
     decoder.add_tokens(state, prompt[:40])
     list(decoder.generate(state, 30))  # g = 2, then 1 and 0 where the budget ends
-    firsts = [i for i, (g, _) in enumerate(cycles) if g not in [h for h, _ in cycles[:i]]]
-    assert [i for i, (_, seconds) in enumerate(cycles) if seconds is None] == firsts
-    assert len(firsts) < len(cycles) - 5
+    firsts = [i for i, (n, _) in enumerate(steps) if n not in [m for m, _ in steps[:i]]]
+    assert [i for i, (_, seconds) in enumerate(steps) if seconds is None] == firsts
+    assert len(firsts) < len(steps) - 5

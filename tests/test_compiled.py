@@ -151,22 +151,24 @@ def test_compiled_steps_start_afresh_past_the_trace_limit(engine, monkeypatch):
 
 def walk(target, seed: int, length: int = 600):
     """Passes of 1 to 9 positions, each cut back by a random number of them (none to all), through
-    two sets of caches, one fed by the plain pass and one by the compiled pass: past the sliding
-    window, across its buffer moves and past the full cache's growth at 512 positions. Yields
-    both passes' (logits, hidden) and the compiled caches."""
+    two sequences, one fed by the plain pass and one by the loop's compiled pass as the one row of
+    its storage: past the sliding window, across its ring's wrap and past the full buffers'
+    growth at 512 positions. Yields both passes' (logits, hidden) and the storage."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, tiny.VOCAB, length + 10).tolist()
-    plain, compiled = target.make_cache(max_trim=34), target.make_cache(max_trim=34)
-    for cache in (plain, compiled):
+    plain, own = target.make_cache(max_trim=34), target.make_cache(max_trim=34)
+    for cache in (plain, own):
         prefill(target, mx.array([ids[:20]]), cache)
+    storage = target.batch_caches(max_trim=34, max_pass=17)
+    storage.add(own)
     position = 20
     while position < length:
         n = int(rng.integers(1, 10))
         tokens = mx.array([ids[position : position + n]])
-        yield target(tokens, plain), target.forward(tokens, compiled), compiled
+        yield target(tokens, plain), target.forward_batch(tokens, storage), storage
         keep = int(rng.integers(0, n + 1))
         trim_cache(plain, n - keep)
-        trim_cache(compiled, n - keep)
+        storage.trim(0, n - keep)
         position += keep
 
 
@@ -185,11 +187,10 @@ def test_compiled_target_pass_equals_plain(checkpoints, dtype):
     elif dtype == "4-bit":
         quantized_4_bits(target)
     passes = 0
-    for (plain_logits, plain_hidden), (logits, hidden), cache in walk(target, seed=len(dtype)):
+    for (plain_logits, plain_hidden), (logits, hidden), storage in walk(target, seed=len(dtype)):
         assert mx.array_equal(plain_logits, logits) and mx.array_equal(plain_hidden, hidden), passes
         passes += 1
-    full = [c for c in cache if isinstance(c, FullCache)]
-    assert passes > 150 and full and full[0].keys.shape[2] > 512  # the full cache grew
+    assert passes > 150 and storage.capacity > 512  # the full buffers grew
 
 
 @pytest.mark.parametrize("variant", ["e4b", "26b-a4b", "31b", "12b", "12b-kv-shared"])
@@ -205,35 +206,41 @@ def test_the_target_pass_is_traced_again_only_for_new_shapes(engine, monkeypatch
     """Generating 600 tokens, with draft lengths chosen as the loop goes (every pass length from
     1 to 9 positions), the compiled pass is traced once per input length and buffer shapes."""
     from mlx_spec.decoding.sequence import SequenceState
-    from mlx_spec.models.compiled_pass import CompiledPass
+    from mlx_spec.models.batch_pass import BatchPass
+    from mlx_spec.models.traces import TraceCache
 
     traces = []
-    traced = CompiledPass._pass
+    traced = BatchPass._pass
 
-    def counting(self, tokens, offset, starts, *buffers):
-        traces.append((tokens.shape, tuple(b.shape for b in buffers)))
-        return traced(self, tokens, offset, starts, *buffers)
+    def counting(self, rings, windows):
+        run = traced(self, rings, windows)
 
-    monkeypatch.setattr(CompiledPass, "_pass", counting)
-    engine.target._compiled_pass = CompiledPass(engine.target, engine.target.traces)
+        def recording(tokens, offsets, *buffers):
+            traces.append((tokens.shape, tuple(b.shape for b in buffers)))
+            return run(tokens, offsets, *buffers)
+
+        return recording
+
+    monkeypatch.setattr(BatchPass, "_pass", counting)
+    monkeypatch.setattr(engine.target, "_batch_pass", BatchPass(engine.target, TraceCache()))  # traces of its own
     decoder = engine.decoder(draft_tokens=None)
     state = SequenceState(engine.target)
     decoder.add_tokens(state, list(range(1, 40)))
     for _ in decoder.generate(state, 600):
         pass
-    assert decoder.stats.cycles > 100
+    assert decoder.stats.cycles > 100 and traces
     assert len(traces) == len(set(traces))  # never traced twice for the same shapes
     lengths = {shape[1] for shape, _ in traces}
     assert len(traces) <= 3 * len(lengths)  # a few buffer shapes per input length
 
 
 def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch):
-    import mlx_spec.models.compiled_pass as target_pass
     from mlx_spec.decoding.sequence import SequenceState
-
+    from mlx_spec.models.batch_pass import BatchPass
     from mlx_spec.models.traces import TraceCache
 
-    compiled = engine.target._compiled_pass = target_pass.CompiledPass(engine.target, TraceCache(bound=1))
+    compiled = BatchPass(engine.target, TraceCache(bound=1))
+    monkeypatch.setattr(engine.target, "_batch_pass", compiled)
 
     def tokens(**kwargs):
         decoder = engine.decoder(**kwargs)
@@ -245,45 +252,62 @@ def test_the_target_pass_starts_afresh_past_the_trace_limit(engine, monkeypatch)
     assert len(compiled.traces) == 1
 
 
-def test_compiled_functions_held_stay_under_their_bound(checkpoints):
-    """A long-running server is sent settings nobody foresaw: 200 distinct (temperature, top-k,
+def test_compiled_functions_held_stay_under_their_bound(checkpoints, monkeypatch):
+    """A long-running server is sent settings nobody foresaw: distinct (temperature, top-k,
     top-p) through one engine, each with its own compiled verification and draft steps, leave
-    no more compiled functions held than traces.MAX_TRACES in their one owner (the target), and
-    the latest settings still decode exactly."""
+    no more compiled functions held than the bound in their one owner (the target), and the
+    latest settings still decode exactly. (The bound is cut from traces.MAX_TRACES to 24 here,
+    so that filling it takes 40 settings, not 200.)"""
     from mlx_spec import load
-    from mlx_spec.models import traces
+    from mlx_spec.models.traces import TraceCache
     from mlx_spec.drafting import MTPDrafter
 
+    monkeypatch.setattr(TraceCache.__init__, "__defaults__", (24,))
     engine = load(str(checkpoints["text"]), str(checkpoints["assistant"]))
     sampled = MTPDrafter(engine.mtp_drafter.assistant, engine.target, sample=True)
     prompt = list(range(1, 30))
-    for i in range(200):
+    for i in range(40):
         settings = dict(temperature=0.5 + i / 100, top_k=i % 7, top_p=1 - i / 1000, seed=i)
         engine.generate(prompt, max_tokens=3, draft_tokens=2, drafter=sampled if i % 2 else None, **settings)
     owner = engine.target.traces
-    assert sampled.traces is owner and engine.mtp_drafter.traces is owner and engine.target._compiled_pass.traces is owner
-    assert len(owner) == traces.MAX_TRACES  # it did fill up: the bound was what held it
-    last = dict(temperature=0.5 + 199 / 100, top_k=199 % 7, top_p=1 - 199 / 1000, seed=199)
+    assert sampled.traces is owner and engine.mtp_drafter.traces is owner and engine.target._batch_pass.traces is owner
+    assert len(owner) == owner.bound == 24  # it did fill up: the bound was what held it
+    last = dict(temperature=0.5 + 39 / 100, top_k=39 % 7, top_p=1 - 39 / 1000, seed=39)
     assert engine.generate(prompt, max_tokens=12, **last).tokens == engine.generate(prompt, max_tokens=12, mtp=False, **last).tokens
 
 
-def test_caches_laid_out_apart_take_the_plain_pass(checkpoints):
-    """mlx-lm builds one mask per attention type and the compiled mask is in buffer slots: a
-    sliding cache whose buffer starts elsewhere than its peers' must not get it."""
+def test_rows_of_the_storage_give_the_plain_pass_bit_for_bit(checkpoints):
+    """Three sequences at different offsets, one past the full buffers' growth, in one storage:
+    every pass over all of them (1 to 9 positions each, each row then cut back by its own
+    random number) gives each row exactly the logits and hidden states of its plain pass alone."""
     target, _ = load_target(str(checkpoints["text"]))
-    ids = mx.array([np.random.default_rng(0).integers(0, tiny.VOCAB, 101).tolist()])
-    plain, compiled = target.make_cache(34), target.make_cache(34)
-    for cache in (plain, compiled):
-        target(ids[:, :100], cache)
-        moved = cache[1]  # a sliding layer: only its buffer moves
-        moved._make_room(0, moved.keys, moved.values)
-    assert compiled[1].start != compiled[0].start
-    assert mx.array_equal(target(ids[:, 100:], plain)[0], target.forward(ids[:, 100:], compiled)[0])
+    rng = np.random.default_rng(0)
+    lengths = [20, 60, 300]
+    ids = [rng.integers(0, tiny.VOCAB, 900).tolist() for _ in lengths]
+    plains = [target.make_cache(34) for _ in lengths]
+    storage = target.batch_caches(max_trim=34, max_pass=17)
+    for plain, n, row in zip(plains, lengths, ids):
+        own = target.make_cache(34)
+        for cache in (plain, own):
+            prefill(target, mx.array([row[:n]]), cache)
+        storage.add(own)
+    positions = list(lengths)
+    for step in range(120):
+        n = int(rng.integers(1, 10))
+        logits, hidden = target.forward_batch(mx.array([row[p : p + n] for row, p in zip(ids, positions)]), storage)
+        for r, (row, p) in enumerate(zip(ids, positions)):
+            plain_logits, plain_hidden = target(mx.array([row[p : p + n]]), plains[r])
+            assert mx.array_equal(plain_logits[0], logits[r]) and mx.array_equal(plain_hidden[0], hidden[r]), (step, r)
+            keep = int(rng.integers(0, n + 1))
+            trim_cache(plains[r], n - keep)
+            storage.trim(r, n - keep)
+            positions[r] += keep
+    assert storage.capacity > 512 and min(positions) > 2 * tiny.WINDOW
 
 
 def test_full_caches_grow_to_whole_steps_in_prefill_too(checkpoints):
     """A second prompt goes through the plain pass: the full cache still grows to a multiple of
-    its step, so every conversation's compiled pass sees the same few buffer shapes."""
+    its step, so every conversation's rows in the loop's storage have the same few widths."""
     target, _ = load_target(str(checkpoints["text"]))
     cache = fresh_cache(target)
     ids = np.random.default_rng(1).integers(0, tiny.VOCAB, 1300).tolist()

@@ -18,7 +18,8 @@ from mlx_spec.errors import SettingsError
 from mlx_spec.models import Family
 from mlx_spec.models.cache import FullCache
 from mlx_spec.models.checkpoint import Checkpoint
-from mlx_spec.models.compiled_pass import CompiledPass
+from mlx_spec.models.batch_cache import BatchCaches, sliding_windows
+from mlx_spec.models.batch_pass import BatchPass
 from mlx_spec.models.protocol import ANSWER
 from mlx_spec.models.traces import TraceCache
 
@@ -41,8 +42,8 @@ def save_toy_checkpoint(folder: Path, seed: int = 0) -> Path:
 
 
 class ToyTarget:
-    """mlx-lm's Llama as a `TargetModel`: full-attention caches, the compiled pass for short
-    inputs (a device-side offset included), the plain pass for prefill."""
+    """mlx-lm's Llama as a `TargetModel`: full-attention caches, the plain pass for prefill, and
+    the package's compiled pass over the loop's storage (any mlx-lm model) for the steps."""
 
     def __init__(self, model: llama.Model):
         self.model = model
@@ -50,7 +51,7 @@ class ToyTarget:
         self.hidden_size = model.args.hidden_size
         self.context_length = model.args.max_position_embeddings
         self.traces = TraceCache()
-        self._compiled = CompiledPass(self, self.traces)
+        self._batch_pass = BatchPass(self, self.traces)
 
     def make_cache(self, max_trim: int) -> list:
         return [FullCache() for _ in self.model.layers]  # full attention trims any number
@@ -61,11 +62,18 @@ class ToyTarget:
     def logits(self, hidden):
         return self.model.lm_head(hidden)
 
-    def forward(self, tokens, cache, offset=None):
-        if CompiledPass.applies(tokens, cache):
-            return self._compiled(tokens, cache, offset)
+    def forward(self, tokens, cache):
         hidden = self.hidden(tokens, cache)
         return self.logits(hidden), hidden
+
+    def batch_caches(self, max_trim, max_pass):
+        return BatchCaches(sliding_windows(self.make_cache(max_trim)), max_trim, max_pass)
+
+    def forward_batch(self, tokens, caches, offsets=None):
+        return self._batch_pass(tokens, caches, offsets)
+
+    def batch_drafter_buffers(self, caches, end=None):
+        return {}
 
     def prefill(self, tokens, cache, chunk, spans=(), start=0):
         if spans:
@@ -80,7 +88,7 @@ class ToyTarget:
     def embed(self, tokens):
         return self.model.model.embed_tokens(tokens)
 
-    def drafter_buffers(self, cache, offset=None):
+    def drafter_buffers(self, cache):
         return {}  # no MTP drafter reads this family's K/V
 
 

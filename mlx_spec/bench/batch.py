@@ -109,7 +109,7 @@ def main(argv=None):
     progress = Progress("batch", len(levels))
     rows = [measure(engine, pool[:c], progress, c) for c in levels]
     results = {"machine": info, "models": describe_models(args), "levels": rows,
-               "step_ms": engine.batch_policy.table()}
+               "step_ms": engine.draft_lengths.table()}
     print_tables(rows)
     print(f"\nJSON: {write_json('batch', args, results)}")
 
@@ -149,7 +149,7 @@ def parted(engine, batch, tokens, reference) -> list:
 def step_cost(engine, rows: int) -> dict:
     """T(B, G + 1) / T(B, 1) from the engine's cost model, and the acceptance a at which G
     guesses pay for it: 1 + a + ... + a^G = that ratio (None where it was not timed)."""
-    seconds = engine.batch_policy.seconds
+    seconds = engine.draft_lengths.seconds
     plain, drafting = seconds.get((rows, 1)), seconds.get((rows, G + 1))
     if not plain or not drafting:
         return {"ratio": None, "break_even": None}

@@ -25,7 +25,6 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..decoding.cycle import CycleBuilder, Start
 from ..decoding.reports import report_arrays
 from ..decoding.sequence import SequenceState
 from ..decoding.verify import Verifier
@@ -36,7 +35,7 @@ from ..models.gemma4.target import Target
 from ..sampling.acceptance import accept_by_match
 from ..sampling.distribution import distribution
 from ..sampling.settings import SamplingSettings
-from ..sampling.uniforms import uniform_streams
+from .one_row import as_row, one_row
 from .common import arguments, header, machine, markdown, parse, write_json
 from .models import E2B, E2B_ASSISTANT
 
@@ -73,15 +72,16 @@ def filled(target: Target, context: int, evaluate: bool) -> SequenceState:
     return state
 
 
-def build_ms(builder, drafter, state, g, repeats) -> float:
-    """Median host time to build a cycle with g guesses, after one untimed build (which traces
-    the compiled parts)."""
+def build_ms(target, settings, drafter, state, g, repeats, report=True) -> float:
+    """Median host time to build a step of one row with g guesses, as a generation alone builds
+    it, after one untimed build (which traces the compiled parts)."""
     times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        builder.build(state, Start.settled(state), g, drafter)
-        times.append(1000 * (time.perf_counter() - start))
-        trim_cache(state.cache, g + 1)
+    with one_row(target, state, settings, drafter, g, report) as build:
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            build()
+            times.append(1000 * (time.perf_counter() - start))
+            build.settled()
     return statistics.median(times[1:])
 
 
@@ -116,11 +116,15 @@ def node_counts(g: int) -> dict:
     last = mx.array([[1] * (g + 1)])
     logits, hidden = target(last, state.cache)
     counts = {"target pass, plain": nodes(logits, hidden, *caches())}
-    for _ in range(2):  # the second call replays the trace the first one recorded
-        mx.eval(logits, hidden, caches())
-        trim_cache(state.cache, g + 1)
-        logits, hidden = target.forward(last, state.cache)
-    counts["target pass, compiled"] = nodes(logits, hidden, *caches())
+    mx.eval(logits, hidden, caches())
+    trim_cache(state.cache, g + 1)
+    with as_row(target, state) as row:
+        for _ in range(2):  # the second call replays the trace the first one recorded
+            logits, hidden = row.pass_(last)
+            counts["target pass, compiled"] = nodes(logits, hidden, *row.caches.keys, *row.caches.values)
+            mx.eval(logits, hidden, row.caches.keys, row.caches.values)
+            row.cut(g + 1)
+    logits, hidden = target(last, state.cache)
     mx.eval(logits, hidden, caches())
     settings = SamplingSettings.named("gemma")
     guesses, uniforms = mx.array([1] * g), mx.random.uniform(shape=(g + 1, 2))
@@ -138,9 +142,9 @@ def node_counts(g: int) -> dict:
                            settings, mx.zeros((1, 2)))
     counts.update({"draft step, plain": nodes(assistant.greedy_token(h), nxt),
                    "draft step, compiled": nodes(drafter.draft(context, 1).tokens)})
-    builder = CycleBuilder(target, settings, uniform_streams(0), True)
-    cycle = builder.build(state, Start.settled(state), g, drafter)
-    counts[f"whole cycle, g = {g}, as the loop builds it"] = nodes(*cycle.arrays(), *caches())
+    with one_row(target, state, settings, drafter, g) as build:
+        step = build()
+        counts[f"whole cycle, g = {g}, as the loop builds it"] = nodes(*step.arrays())
     y = mx.array([[1]])
     lm_logits = target.model(y, cache=make_prompt_cache(target.model))[:, -1, :]
     counts["mlx-lm token"] = nodes(mx.argmax(lm_logits - mx.logsumexp(lm_logits, keepdims=True), axis=-1))
@@ -153,7 +157,7 @@ def queued_share(ops: int = 3000) -> float:
     40-50 MB of inputs on a Mac, or ten CPU primitives) and queues the rest only as those
     finish, so the host is free only while the last ones run: near 1 for a graph of thousands
     of primitives. That is why the loop launches a cycle a draft step at a time and builds the
-    next one in between (mlx_spec/pipeline.py)."""
+    next one in between (mlx_spec/decoding/launch.py)."""
     x = mx.ones((4, 4))
     mx.eval(x)
     for _ in range(ops):
@@ -175,13 +179,12 @@ def main(argv=None):
     target, assistant = models(NARROW, NARROW_ASSISTANT)
     mx.eval(target.model.parameters(), assistant.parameters())
     state = filled(target, args.context, evaluate=True)
-    builder = CycleBuilder(target, SamplingSettings.named("gemma"), uniform_streams(0), True)
+    gemma = SamplingSettings.named("gemma")
     drafter = MTPDrafter(assistant, target)
     print(header("Host cost of a cycle (E2B structure at narrow widths, 4-bit, random weights)", info,
                  {"context": args.context, "repeats": args.repeats, "sampling": "gemma"}))
-    build = {g: build_ms(builder, drafter, state, g, args.repeats) for g in range(9)}
-    silent = CycleBuilder(target, SamplingSettings.named("gemma"), uniform_streams(0), False)
-    reports_off = build_ms(silent, drafter, state, 6, args.repeats)
+    build = {g: build_ms(target, gemma, drafter if g else None, state, g, args.repeats) for g in range(9)}
+    reports_off = build_ms(target, gemma, drafter, state, 6, args.repeats, report=False)
     lm_ms = mlx_lm_build_ms(target, args.context, args.repeats)
     print(markdown(["g", "host build ms"], [[g, f"{ms:.2f}"] for g, ms in build.items()]
                    + [["6, reports off", f"{reports_off:.2f}"], ["mlx-lm token", f"{lm_ms:.2f}"]]))

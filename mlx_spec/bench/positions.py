@@ -11,9 +11,6 @@ position, at several context lengths; and what g drafter steps cost (C_g).
 import mlx.core as mx
 
 from ..decoding.sequence import SequenceState
-from ..drafting import DraftContext
-from ..models.cache import trim_cache
-from ..sampling.settings import SamplingSettings
 from .common import (
     Progress,
     arguments,
@@ -26,6 +23,7 @@ from .common import (
     write_json,
 )
 from .models import build_engine, describe_models, weight_bytes_per_pass
+from .one_row import as_row
 
 POSITIONS = [1, 2, 3, 4, 5, 6, 7, 8, 16]
 SEED_MS = {1: 56, 7: 70}  # the seed's figures: transformers on an Apple M5 (docs/design.md, section 5)
@@ -39,26 +37,21 @@ def prefilled(engine, context: int) -> SequenceState:
     return state
 
 
-def time_target(engine, state: SequenceState, n: int, repeats: int) -> float:
-    """One pass over n new positions, fully evaluated (logits of all n), then cut back."""
-    tokens = mx.random.randint(0, engine.target.vocab_size, (1, n))
+def time_target(row, n: int, vocab_size: int, repeats: int) -> float:
+    """One pass of the loop over n new positions (the sequence as the loop's one row), fully
+    evaluated (logits of all n), then cut back."""
+    tokens = mx.random.randint(0, vocab_size, (1, n))
 
     def one_pass():
-        logits, hidden = engine.target.forward(tokens, state.cache)
-        mx.eval(logits, hidden)
-        trim_cache(state.cache, n)
+        mx.eval(row.pass_(tokens))
+        row.cut(n)
 
     return median_ms(one_pass, repeats)
 
 
-def time_drafter(engine, state: SequenceState, g: int, repeats: int) -> float:
-    """g MTP draft steps over the target's caches, fully evaluated."""
-    drafter = engine.mtp_drafter
-    context = DraftContext(
-        tokens=state.tokens, last_token=mx.array([[state.tokens[-1]]]), hidden=state.hidden,
-        kv=engine.target.drafter_buffers(state.cache), settings=SamplingSettings(), uniforms=mx.zeros((g,)),
-    )
-    return median_ms(lambda: mx.eval(drafter.draft(context, g).tokens), repeats)
+def time_drafter(engine, row, g: int, repeats: int) -> float:
+    """g MTP draft steps over the target's caches, as the loop drafts a row, fully evaluated."""
+    return median_ms(lambda: mx.eval(row.draft(engine.mtp_drafter, g)), repeats)
 
 
 def main(argv=None):
@@ -75,33 +68,43 @@ def main(argv=None):
     print(header("Target pass over N new positions", info, {"repeats": args.repeats, **results["models"]}))
     progress = Progress("positions", len(contexts) * len(POSITIONS) + (8 if engine.mtp_drafter is not None else 0))
     for context in contexts:
-        state = prefilled(engine, context)
-        rows, one = [], None
-        for n in POSITIONS:
-            ms = time_target(engine, state, n, args.repeats)
-            progress.step(f"context {context}, {n} positions")
-            one = one or ms
-            gbs = weight_bytes / ms / 1e6
-            row = {"context": context, "positions": n, "ms": ms, "ratio": ms / one, "gb_per_s": gbs}
-            if bandwidth:
-                row["bandwidth_share"] = gbs / bandwidth
-            results["target"].append(row)
-            rows.append([context, n, f"{ms:.2f}", f"{ms / one:.2f}", f"{gbs:.1f}",
-                         f"{100 * gbs / bandwidth:.0f}%" if bandwidth else "-", SEED_MS.get(n, "")])
-        print(markdown(["context", "positions", "ms", "ratio to 1", "weights GB/s", "of chip bandwidth", "seed ms (M5, transformers)"], rows))
-        print()
-        if engine.mtp_drafter is not None and context == contexts[0]:
-            drows = []
-            for g in range(1, 9):
-                ms = time_drafter(engine, state, g, args.repeats)
-                progress.step(f"{g} drafter steps")
-                results["drafter"].append({"context": context, "steps": g, "ms": ms, "c_g": ms / one})
-                drows.append([g, f"{ms:.2f}", f"{ms / one:.2f}"])
-            print(f"Drafter steps at context {context} (C_g = their time / one target position)\n")
-            print(markdown(["g", "ms", "C_g"], drows))
-            print()
+        with as_row(engine.target, prefilled(engine, context)) as row:
+            one = table(engine, row, context, args, results, progress, bandwidth, weight_bytes)
+            if engine.mtp_drafter is not None and context == contexts[0]:
+                drafter_table(engine, row, context, one, args, results, progress)
     print(f"Weights read per target pass: {weight_bytes / 1e9:.3f} GB")
     print(f"JSON: {write_json('positions', args, results)}")
+
+
+def table(engine, row, context, args, results, progress, bandwidth, weight_bytes) -> float:
+    """The context's rows of the table; one position's time."""
+    lines, one = [], None
+    for n in POSITIONS:
+        ms = time_target(row, n, engine.target.vocab_size, args.repeats)
+        progress.step(f"context {context}, {n} positions")
+        one = one or ms
+        gbs = weight_bytes / ms / 1e6
+        entry = {"context": context, "positions": n, "ms": ms, "ratio": ms / one, "gb_per_s": gbs}
+        if bandwidth:
+            entry["bandwidth_share"] = gbs / bandwidth
+        results["target"].append(entry)
+        lines.append([context, n, f"{ms:.2f}", f"{ms / one:.2f}", f"{gbs:.1f}",
+                      f"{100 * gbs / bandwidth:.0f}%" if bandwidth else "-", SEED_MS.get(n, "")])
+    print(markdown(["context", "positions", "ms", "ratio to 1", "weights GB/s", "of chip bandwidth", "seed ms (M5, transformers)"], lines))
+    print()
+    return one
+
+
+def drafter_table(engine, row, context, one, args, results, progress) -> None:
+    drows = []
+    for g in range(1, 9):
+        ms = time_drafter(engine, row, g, args.repeats)
+        progress.step(f"{g} drafter steps")
+        results["drafter"].append({"context": context, "steps": g, "ms": ms, "c_g": ms / one})
+        drows.append([g, f"{ms:.2f}", f"{ms / one:.2f}"])
+    print(f"Drafter steps at context {context} (C_g = their time / one target position)\n")
+    print(markdown(["g", "ms", "C_g"], drows))
+    print()
 
 
 if __name__ == "__main__":

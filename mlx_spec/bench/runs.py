@@ -20,7 +20,6 @@ import numpy as np
 from ..decoding.sequence import SequenceState
 from ..drafting import Draft, DraftContext, Drafter
 from ..drafting.pieces import run_through
-from ..models.cache import trim_cache
 from ..sampling.settings import SamplingSettings
 from .prefills import prompt_sequence
 
@@ -168,25 +167,30 @@ def cost_ratios(engine, prompt, draft_lengths, repeats=5, prefills=None):
 
 def _cost_ratios(engine, state, prompt, draft_lengths, repeats):
     from .common import median_ms
+    from .one_row import as_row
 
-    def target(n):
-        tokens = mx.array([prompt[-n:]])
+    with as_row(engine.target, state) as row:
 
-        def run():
-            mx.eval(engine.target.forward(tokens, state.cache))
-            trim_cache(state.cache, n)
+        def target(n):
+            tokens = mx.array([prompt[-n:]])
 
-        return run
+            def run():
+                mx.eval(row.pass_(tokens))
+                row.cut(n)
 
-    def drafting(g):
-        context = DraftContext(state.tokens, mx.array([[state.tokens[-1]]]), state.hidden,
-                               engine.target.drafter_buffers(state.cache), SamplingSettings(), mx.zeros((g,)))
-        return lambda: mx.eval(engine.mtp_drafter.draft(context, g).tokens)
+            return run
 
+        def drafting(g):
+            return lambda: mx.eval(row.draft(engine.mtp_drafter, g))
+
+        return _paired_ratios(target, drafting if engine.mtp_drafter is not None else None, draft_lengths, repeats, median_ms)
+
+
+def _paired_ratios(target, drafting, draft_lengths, repeats, median_ms):
     one, ones, ratios = target(1), [], {}
     for g in draft_lengths:
         parts = {"R": target(g + 1)}
-        if g and engine.mtp_drafter is not None:
+        if g and drafting is not None:
             parts["C"] = drafting(g)
         for part in (one, *parts.values()):
             part(), part()  # warm up: a first call may trace
@@ -206,19 +210,18 @@ def expected_tokens(acceptance: float, g: int) -> float:
 
 
 def device_ms(engine, state: SequenceState, drafter, g: int, repeats: int = 5) -> float:
-    """The device time of one cycle measured alone on `state`'s context: the
-    cycle's graph is built first, then only its evaluation is timed (the caches are cut back
-    after each)."""
-    from ..decoding.cycle import CycleBuilder, Start
-    from ..sampling.uniforms import uniform_streams
+    """The device time of one step of the loop on `state`'s context, measured alone: the step's
+    graph is built first, then only its evaluation is timed (the caches are cut back after each)."""
     from .common import median_ms
 
-    builder = CycleBuilder(engine.target, SAMPLING["greedy"], uniform_streams(0), True)
     times = []
-    for _ in range(repeats + 2):
-        cycle = builder.build(state, Start.settled(state), g, drafter)
-        times.append(median_ms(lambda: mx.eval(cycle.arrays()), 1, warmup=0))
-        trim_cache(state.cache, g + 1)
+    from .one_row import one_row
+
+    with one_row(engine.target, state, SAMPLING["greedy"], drafter, g) as build:
+        for _ in range(repeats + 2):
+            step = build()
+            times.append(median_ms(lambda: mx.eval(step.arrays()), 1, warmup=0))
+            build.settled()
     return sorted(times[2:])[len(times[2:]) // 2]
 
 

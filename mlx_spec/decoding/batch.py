@@ -1,12 +1,14 @@
-"""Several sequences decoding together: one target pass verifies every row's guesses.
+"""The loop: sequences decoding together, one target pass verifying every row's guesses. A
+generation alone is a batch of one row (`Decoder.generate`); several requests at once (the
+server, `generate_many`) are rows of one batch.
 
-A row is one request's decoding: its decoder (sampling settings and seed, drafter, acceptance
-statistics, statistics: what `Decoder` holds for a generation alone), its sequence state and its
-budget. A row joins once its prompt is in (`Batch.join`) and leaves at its end, between steps.
+A row is one request's decoding: its decoder (sampling settings and seed, drafter, draft length
+and acceptance, statistics), its sequence state and its budget. A row joins once its prompt is
+in (`Batch.join`) and leaves at its end, between steps.
 
 A step (`Batch.step`, built in batch_step.py):
-- each row's draft length, from the batch's one cost model and the row's own acceptance
-  (batch_policy.py);
+- each row's draft length, from the engine's one cost model and the row's own acceptance
+  (draft_lengths.py);
 - each row's draft from its own drafter, the MTP assistant's steps once for every row that uses
   it (drafting/rows.py);
 - one target pass over B rows x L positions: each row's last settled token and its guesses,
@@ -20,10 +22,15 @@ So a row gives the tokens it gives alone: the logits at each of its positions re
 caches, and its draws read only its own uniforms. Nothing rejected is ever attended: it lies
 past the row's offset, where the mask leaves it out until the next pass overwrites it.
 
-The steps are pipelined as the single-sequence loop's cycles are: the next step is built from
-the running one's lazy outputs and queued before the running one syncs, so the device never
-waits while the host settles a step and its readers take the tokens. A step built ahead that a
-row cannot use (it finished, or left) is cut from that row's caches like rejected guesses.
+The steps are pipelined: the next step is built from the running one's lazy outputs and queued
+before the running one syncs, so the device never waits while the host settles a step and its
+readers take the tokens. MLX keeps only about ten tasks in flight (a Metal command buffer, or ten
+CPU primitives) and queues the rest of a graph as they finish: `mx.async_eval` on a step of
+thousands of primitives returns only once all but its last few hundred are queued, and the host
+is free only while those run. So a step with guesses is launched in stages, a draft step at a
+time, then whole, and after each stage the host builds a piece of the next step (a draft step)
+while the device runs the rest of the stage (`launch.py`). A step built ahead that a row cannot
+use (it finished, or left) is cut from that row's caches like rejected guesses.
 
 A row's reports wait in its queue until its reader takes them, and a row whose reader has not
 taken them sits the next step out (so no row runs more than two steps ahead of its reader). The
@@ -34,86 +41,43 @@ take are taken back, and the caches hold exactly what it handed over.
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Deque, List, Optional, Tuple
 
 import mlx.core as mx
 
 from ..errors import SettingsError
 from ..models.protocol import TargetModel
-from .batch_policy import BatchDraftLength
 from .batch_step import Member, Step, StepBuilder
-from .decoder import Decoder
-from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS, TRIM_ALLOWANCE
-from .pipeline import outcome
-from .reports import WAITING, TokenReport
-from .sequence import SequenceState
+from .draft_lengths import DraftLengths
+from .launch import Launcher
+from .limits import MAX_DRAFT_TOKENS, TRIM_ALLOWANCE
+from .rows import Row, RowReader, outcome
 
 RECENT_SECONDS = 10.0  # the window of the batch's tokens per second
-
-
-@dataclass
-class Row:
-    decoder: Decoder
-    state: SequenceState
-    budget: int  # tokens still to generate
-    # Settled reports not taken yet, each with the hidden state the sequence holds while its
-    # token is the last (to take the rest back if the reader leaves).
-    ready: Deque[Tuple[TokenReport, mx.array]] = field(default_factory=deque)
-    hidden: Optional[mx.array] = None  # the state's hidden while the last token taken is its last
-    done: bool = False
-    error: Optional[BaseException] = None
-    joined: float = field(default_factory=time.perf_counter)
-
-
-class RowReader:
-    """A row's reports as they settle, WAITING while the next step has not run; `close` leaves."""
-
-    def __init__(self, batch: "Batch", row: Row):
-        self.batch, self.row = batch, row
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        row = self.row
-        if row.ready:
-            report, row.hidden = row.ready.popleft()
-            return report
-        if row.error is not None:
-            error, row.error = row.error, None
-            self.close()
-            raise error
-        if row.done:
-            self.close()
-            raise StopIteration
-        return WAITING
-
-    def close(self) -> None:
-        self.batch.leave(self.row)
 
 
 class Batch:
     """The rows decoding together over one target."""
 
-    def __init__(self, target: TargetModel, policy: Optional[BatchDraftLength] = None, pipelined: bool = True):
-        """`pipelined`: each step is built and queued while the one before it runs (False: built
-        from the settled rows each time, for a comparison)."""
+    def __init__(self, target: TargetModel, lengths: Optional[DraftLengths] = None, pipelined: bool = True):
+        """`lengths`: the engine's cost model (a fresh one if None). `pipelined`: each step is
+        built and queued while the one before it runs (False: built from the settled rows each
+        time, for a comparison)."""
         self.target = target
-        self.policy = policy if policy is not None else BatchDraftLength(ADAPTIVE_MAX_G)
+        self.lengths = lengths if lengths is not None else DraftLengths()
         # Every row's K/V, one buffer per layer. A row goes back at most three passes'
         # positions, as a sequence alone does (limits.py): a step settled and not taken, the
         # next one settled, and one queued after it.
         self.caches = target.batch_caches(max_trim=TRIM_ALLOWANCE, max_pass=MAX_DRAFT_TOKENS + 1)
-        self.builder = StepBuilder(target, self.caches, self.policy)
+        self.builder = StepBuilder(target, self.caches, self.lengths)
+        self.launcher = Launcher()
         self.pipelined = pipelined
         self.upcoming: Optional[Step] = None  # the step queued ahead, to run at the next call
-        self.synced_at = 0.0  # when the last step synced
         self.rows: List[Row] = []
         self.steps = 0
         self.recent: Deque[Tuple[float, int]] = deque()  # (when, tokens) of the last steps
 
-    def join(self, decoder: Decoder, state: SequenceState, max_tokens: int) -> RowReader:
+    def join(self, decoder, state, max_tokens: int) -> RowReader:
         """Add a sequence whose prompt is in (`decoder.start`), to generate up to `max_tokens`."""
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -137,7 +101,7 @@ class Batch:
         if row.state.in_batch:
             row.state.leave(self.caches)
         if not self.rows:
-            self.upcoming = None  # nothing of it is anyone's now
+            self._drop_upcoming()  # nothing of it is anyone's now
         row.decoder.stats.generation_seconds += time.perf_counter() - row.joined
         row.decoder.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
@@ -155,40 +119,38 @@ class Batch:
         """One step for every row whose reader has taken its reports; the tokens it settled.
 
         The step queued at the last call (built ahead) is the one that runs now, if there is
-        one; the step after it is built and queued before this one syncs, so that the device
-        goes on while this one's rows settle and their readers take the tokens."""
+        one: its stages are launched, the step after it built between them (a piece after each)
+        and queued behind it, and only then does the running step sync, so that the device goes
+        on while this one's rows settle and their readers take the tokens."""
         running, self.upcoming = self.upcoming, None
         try:
             if running is None:
-                running = self.builder.build(self.rows, None)
+                running = self.launcher.build(self.builder.pieces(self.rows, None))
                 if running is None:
                     return 0
-                self._launch(running)
-            ahead = self.builder.build(self.rows, running) if self.pipelined else None
-            if ahead is not None:
-                self._launch(ahead)
-            mx.eval(running.arrays())
+            work = self.builder.pieces(self.rows, running) if self.pipelined else None
+            ahead = self.launcher.advance(running, work)
+            self.launcher.sync(running, ahead)
         except BaseException as e:  # each row's reader raises it; the batch goes on without them
             self._fail(running, e)
             if not isinstance(e, Exception):
                 raise
             return 0
-        synced = time.perf_counter()
-        seconds = synced - max(running.launched, self.synced_at)
-        self.synced_at = synced
         settled = self._settle_step(running)
-        drafted = sum(m.cycle.g for m in running.stepping if not m.alone)
         if running.rows:
-            self.policy.observe(running.rows, running.positions, None if running.traced else seconds, drafted,
-                                sum(settled.values()) - len(settled))
+            self.lengths.observe(running.rows, running.positions, None if running.traced else running.seconds)
         self.steps += 1
         self.recent.append((time.perf_counter(), sum(settled.values())))
         self.upcoming = ahead
         return sum(settled.values())
 
-    def _launch(self, step: Step) -> None:
-        step.launched = time.perf_counter()
-        mx.async_eval(step.arrays())
+    def _drop_upcoming(self) -> None:
+        """The step queued ahead is dropped unrun: a probe handed out for it is handed out again
+        (its writes lie past the rows' settled positions, which every leave and settle cut)."""
+        if self.upcoming is not None:
+            for member in self.upcoming.stepping:
+                member.row.decoder.policy.withdraw()
+        self.upcoming = None
 
     def _fail(self, running: Optional[Step], error: BaseException) -> None:
         """A step failed: nothing queued settles, every row goes back to its settled tokens, and
@@ -197,6 +159,7 @@ class Batch:
         for row in failed:
             row.error, row.done = error, True
         for row in self.rows:
+            row.decoder.policy.withdraw()
             row.state.trim_to_settled()
 
     def _settle_step(self, step: Step) -> dict:
@@ -220,8 +183,8 @@ class Batch:
             row.state.trim(positions - (cycle.g + 1))  # its padding
         out = outcome(cycle, row.budget, row.decoder.stop_tokens)
         row.decoder.stats.host_syncs += 1
-        pending = row.decoder.settle(row.state, cycle, out, timed=False)
-        for i, report in enumerate(pending.reports):
+        pending = row.decoder.settle(row.state, cycle, out)
+        for i, report in enumerate(pending):
             row.ready.append((report, cycle.hidden[:, i : i + 1]))
         row.budget -= len(out.tokens)
         row.done = out.stopped or row.budget <= 0

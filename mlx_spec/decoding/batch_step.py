@@ -1,12 +1,15 @@
-"""One step of a batch (decoding/batch.py) as a lazy MLX graph: each row's draft, one target pass
+"""One step of the loop (decoding/batch.py) as a lazy MLX graph: each row's draft, one target pass
 over every row of the storage, each row's acceptance. Nothing here synchronises.
 
 A step is built from the settled rows, or ahead: while the step before it still runs on the
-device, from that step's lazy outputs (as the single-sequence loop builds its next cycle:
-cycle.py, pipeline.py). A row's start is then `Start.after` its running cycle: its input token,
-hidden state, write offset and uniforms' index are device arrays, whatever the running cycle
-keeps. So the device goes from one step to the next without waiting for the host, and the host
-settles a step and hands its tokens over while the next one runs.
+device, from that step's lazy outputs. A row's start is then `Start.after` its running cycle:
+its input token, hidden state, write offset and uniforms' index are device arrays, whatever the
+running cycle keeps. So the device goes from one step to the next without waiting for the host,
+and the host settles a step and hands its tokens over while the next one runs.
+
+The build is host work in pieces (`StepBuilder.pieces`: a piece per draft step), and the step
+keeps each draft step's outputs as a stage of its launch: the loop queues a step a stage at a
+time and builds a piece of the next step after each (batch.py).
 
 Every row of the storage is in every pass (the pass is over the whole buffers). A row that
 does not step this time (its reader has not taken its reports, it has finished, or its budget
@@ -15,22 +18,18 @@ positions are cut at the settle, as rejected guesses are. A sequence whose cache
 empty (a one-token prompt) takes its first cycle alone, in its own caches, inside the step.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional
+from typing import Callable, List, Optional
 
 import mlx.core as mx
 
 from ..drafting import DraftContext
+from ..drafting.pieces import HostWork
 from ..drafting.rows import draft_rows
 from ..models.protocol import SharedKV
 from .cycle import Cycle, Start
-
-
-class Ask(NamedTuple):
-    """What the draft-length policy reads of a row: its decoder and the tokens it may still make."""
-
-    decoder: object
-    budget: int
+from .draft_lengths import Ask
 
 
 @dataclass
@@ -42,12 +41,18 @@ class Member:
 
 @dataclass
 class Step:
+    """A step's graph, and what the loop has done with it: its stages launched (each draft
+    step's outputs, then the whole step) and the host time spent on it (building, launching,
+    waiting for its sync), which is what the draft lengths weigh."""
+
     members: List[Member]
     positions: int  # of the batch pass (0: no pass, only rows alone)
     rows: int  # of the batch pass
-    traced: bool
+    traced: bool  # its build traced a compiled function: its time says nothing of such a step's cost
     ahead: bool  # built before the step it follows had synced
-    launched: float = 0.0
+    stages: List[List[mx.array]] = field(default_factory=list)
+    launched: int = 0  # launches so far: the stages, then the whole step
+    seconds: float = 0.0
     stepping: List[Member] = field(init=False)
 
     def __post_init__(self):
@@ -59,34 +64,46 @@ class Step:
     def member(self, row) -> Optional[Member]:
         return next((m for m in self.members if m.row is row), None)
 
+    @property
+    def stages_left(self) -> bool:
+        """Whether draft steps are still to be launched before the whole step."""
+        return self.launched < len(self.stages)
+
+    def next_stage(self) -> Optional[list]:
+        """The arrays to launch next: a draft step's, then the whole step's; None after that."""
+        if self.launched > len(self.stages):
+            return None
+        self.launched += 1
+        return self.stages[self.launched - 1] if self.launched <= len(self.stages) else self.arrays()
+
 
 class StepBuilder:
-    def __init__(self, target, caches, policy):
-        self.target, self.caches, self.policy = target, caches, policy
+    def __init__(self, target, caches, lengths):
+        self.target, self.caches, self.lengths = target, caches, lengths
 
-    def build(self, rows: list, running: Optional[Step]) -> Optional[Step]:
-        """The next step for `rows` (the batch's rows), ahead of `running` if it is given. None:
-        nothing to step, or (ahead) a row's drafter needs the running step's tokens on the host."""
+    def pieces(self, rows: list, running: Optional[Step]) -> HostWork:
+        """The next step for `rows` (the batch's rows), ahead of `running` if it is given, as
+        host work in pieces. Returns None: nothing to step, or (ahead) a row's drafter needs the
+        running step's tokens on the host."""
         # A row whose first cycle runs alone is left out until it has settled.
         rows = [r for r in rows if running is None or not (running.member(r) or Member(r, None)).alone]
         for row in rows:
             if not row.state.in_batch and row.state.cached > 0 and not row.done:
                 row.state.enter(self.caches)
+        before = self.target.traces.made
         alone = [Member(r, r.decoder.builder.build(r.state, Start.settled(r.state), 0, None), alone=True)
                  for r in rows if not r.state.in_batch and not r.done and not r.ready and r.budget > 0]
         stored = sorted((r for r in rows if r.state.in_batch), key=lambda r: r.state.cache[0].index)
         if len(stored) != len(self.caches):
             raise RuntimeError(f"the batch's storage holds {len(self.caches)} rows, its rows {len(stored)}")
-        before = self.target.traces.made
-        members, positions = self._together(stored, running) if stored else ([], 0)
+        members, positions, stages = (yield from self._together(stored, running)) if stored else ([], 0, [])
         if members is None:
             return None
-        step = Step(alone + members, positions, len(stored), self.target.traces.made > before or
-                    any(m.cycle.traced for m in alone), running is not None)
+        step = Step(alone + members, positions, len(stored), self.target.traces.made > before, running is not None, stages)
         return step if step.stepping else None
 
-    def _together(self, rows: list, running: Optional[Step]):
-        """(members, positions) of the pass over every stored row, in the storage's order."""
+    def _together(self, rows: list, running: Optional[Step]) -> HostWork:
+        """(members, positions, stages) of the pass over every stored row, in the storage's order."""
         starts, drafters, asks = [], [], []
         for row in rows:
             member = running.member(row) if running is not None else None
@@ -99,17 +116,22 @@ class StepBuilder:
                 drafter = drafter.for_ahead(member.cycle.source)
             starts.append(start)
             drafters.append(drafter if steps else None)
-            asks.append(Ask(row.decoder, budget if steps else 0))
+            # Nothing in the caches yet for a drafter to read (no hidden state): no guesses.
+            drafts = row.decoder.drafter is not None and start.hidden is not None
+            asks.append(Ask(row.decoder.policy if drafts else None, budget if steps else 0))
         if not any(a.budget > 0 for a in asks):
-            return None, 0
-        gs = [g if start.hidden is not None else 0 for g, start in zip(self.policy.choose(asks), starts)]
-        if any(g > 0 and d is None and a.decoder.drafter is not None for g, d, a in zip(gs, drafters, asks)):
-            return None, 0  # a drafter that reads the tokens on the host: the step waits for them
+            return None, 0, []
+        gs = self.lengths.choose(asks)
+        if any(g > 0 and d is None for g, d, a in zip(gs, drafters, asks) if a.policy is not None):
+            for ask in asks:  # the step waits for the tokens: what was handed out for it comes back
+                if ask.policy is not None:
+                    ask.policy.withdraw()
+            return None, 0, []  # a drafter that reads the tokens on the host: the step waits for them
         offsets = _offsets(starts)
-        contexts = [DraftContext(r.state.tokens, s.last, s.hidden, {}, r.decoder.settings,
+        contexts = [DraftContext(r.state.tokens, s.last, s.hidden, RowKV(lambda b=b: self._row_kv(offsets, b)), r.decoder.settings,
                                  s.uniforms(r.decoder.uniforms["draft"], 0, g), s.ahead, r.state.ngrams) if g else None
-                    for r, s, g in zip(rows, starts, gs)]
-        drafts = draft_rows(drafters, contexts, gs, lambda idx: self._assistant_inputs(starts, offsets, idx))
+                    for b, (r, s, g) in enumerate(zip(rows, starts, gs))]
+        drafts, stages = yield from draft_rows(drafters, contexts, gs, lambda idx: self._assistant_inputs(starts, offsets, idx))
         drafts = [r.decoder.builder.check(d, g) for r, d, g in zip(rows, drafts, gs)]
         positions = max(d.tokens.shape[0] for d in drafts) + 1
         vocab = self.target.vocab_size
@@ -124,7 +146,13 @@ class StepBuilder:
             g = draft.tokens.shape[0]
             kept, tokens, reports = row.decoder.builder.verify(start, logits[b, : g + 1], draft)
             members.append(Member(row, Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports)))
-        return members, positions
+        return members, positions, stages
+
+    def _row_kv(self, offsets: mx.array, b: int) -> dict:
+        """What a drafter reads of row b's K/V (SharedKV with the positions each slot holds)."""
+        return {k: SharedKV(v.keys[b : b + 1], v.values[b : b + 1], v.lo[b : b + 1], v.hi[b : b + 1],
+                            v.held if v.held.shape[0] == 1 else v.held[b : b + 1])
+                for k, v in self.target.batch_drafter_buffers(self.caches, offsets).items()}
 
     def _assistant_inputs(self, starts: List[Start], offsets: mx.array, rows: List[int]) -> tuple:
         """The MTP assistant's inputs for these rows of the storage: last tokens, hidden states,
@@ -139,6 +167,28 @@ class StepBuilder:
         last = mx.concatenate([starts[b].last for b in rows])
         hidden = mx.concatenate([starts[b].hidden for b in rows])
         return last, hidden, positions, kv
+
+
+class RowKV(Mapping):
+    """A row's K/V for a drafter's context, made only if the drafter reads it (prompt lookup,
+    say, never does)."""
+
+    def __init__(self, make: Callable[[], dict]):
+        self._make, self._kv = make, None
+
+    def _get(self) -> dict:
+        if self._kv is None:
+            self._kv = self._make()
+        return self._kv
+
+    def __getitem__(self, kind):
+        return self._get()[kind]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 def _offsets(starts: List[Start]) -> mx.array:

@@ -10,13 +10,13 @@ target pass writes at and the index of its uniforms. The host only needs bounds 
 cycle settles 1 to g + 1 tokens), to size the caches' buffers.
 """
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from dataclasses import dataclass
+from typing import Dict, Optional, Union
 
 import mlx.core as mx
 
 from ..drafting import Draft, DraftContext, Drafter
-from ..drafting.pieces import HostWork, Pieces
+from ..drafting.pieces import run_through
 from ..errors import SettingsError
 from ..models.protocol import TargetModel
 from ..sampling.settings import SamplingSettings
@@ -61,12 +61,6 @@ class Start:
         hidden = mx.take(running.hidden, kept, axis=1)
         return cls(last, hidden, length, generated, kept[0] + 1, running.g + 1, built_ahead=True)
 
-    @property
-    def offset(self) -> Optional[mx.array]:
-        """Where the cycle's target pass writes, on the device (None: at the caches' offset,
-        which the host knows when the running cycle has no guesses)."""
-        return self.ahead + (self.length - 1) if isinstance(self.ahead, mx.array) else None
-
     def uniforms(self, stream, first: int, n: int) -> mx.array:
         """The uniforms of the cycle's output positions first .. first + n - 1 (see sampling.py)."""
         if isinstance(self.ahead, mx.array):
@@ -76,6 +70,8 @@ class Start:
 
 @dataclass
 class Cycle:
+    """One row's part of a step: its guesses verified, and what the acceptance made of them."""
+
     start: Start
     g: int  # guesses verified
     asked: int  # guesses asked for (a drafter may propose fewer)
@@ -84,16 +80,6 @@ class Cycle:
     tokens: mx.array  # [g + 1]: the first kept + 1 are the output
     hidden: mx.array  # [1, g + 1, H]
     reports: Dict[str, mx.array]
-    # Host time the loop has spent on this cycle: building, launching and waiting for it (see
-    # pipeline.py). This, not the time between two settled cycles, is what it cost.
-    seconds: float = 0.0
-    # Each draft step's output: the cycle is launched a step at a time, then whole, and the host
-    # builds a piece of the next cycle between two launches (see pipeline.py).
-    stages: List[List[mx.array]] = field(default_factory=list)
-    launched: int = 0  # launches so far: the stages, then the whole cycle
-    # Whether its build traced a compiled function (a new pass length or buffer shape): its
-    # time is then mostly the trace's, once, and says nothing of what such a cycle costs.
-    traced: bool = False
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
@@ -102,18 +88,6 @@ class Cycle:
     def built_ahead(self) -> bool:
         return self.start.built_ahead
 
-    @property
-    def stages_left(self) -> bool:
-        """Whether draft steps are still to be launched before the whole cycle."""
-        return self.launched < len(self.stages)
-
-    def next_stage(self) -> Optional[list]:
-        """The arrays to launch next: a draft step's, then the whole cycle's; None after that."""
-        if self.launched > len(self.stages):
-            return None
-        self.launched += 1
-        return self.stages[self.launched - 1] if self.launched <= len(self.stages) else self.arrays()
-
 
 class CycleBuilder:
     def __init__(self, target: TargetModel, settings: SamplingSettings, uniforms: dict, report: bool):
@@ -121,31 +95,22 @@ class CycleBuilder:
         self.verifier = Verifier(settings, report, target.traces)
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
-        """The lazy graph of one cycle: draft g, verify g + 1 positions, accept, report. The
-        target's caches must hold everything before `start.last`."""
-        work = Pieces(self.pieces(state, start, g, drafter))
-        cycle = work.finish()
-        cycle.seconds = work.seconds
-        return cycle
-
-    def pieces(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> HostWork:
-        """`build` as host work in pieces: a piece per draft step, one for the target pass and
-        the rest (the cycle's `seconds` are left to whoever runs the pieces)."""
-        asked, traces = g, self.target.traces.made
+        """The lazy graph of one cycle in the sequence's own caches, from its settled state:
+        draft g, verify g + 1 positions, accept, report. (The loop's steps are built by
+        batch_step.py; this is a sequence's first cycle, before its caches hold anything to
+        join the loop's storage with.)"""
+        asked, draft = g, Draft(mx.zeros((0,), mx.int32), source="none")
         if start.hidden is None or drafter is None:
             g = 0  # nothing in the caches yet for a drafter to read, or no drafter
-        draft = Draft(mx.zeros((0,), mx.int32), source="none")
         if g > 0:
-            draft = yield from self._draft(state, start, g, drafter)
-        g = draft.tokens.shape[0]  # a drafter may propose fewer than asked
+            draft = self.check(run_through(drafter.draft_steps(self.context(state, start, g), g)), g)
         # A guess outside the vocabulary is never kept (no id equals it); clipped, it reads no
         # embedding row out of bounds.
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
-        logits, hidden = self.target.forward(inputs, state.cache, start.offset)
+        logits, hidden = self.target.forward(inputs, state.cache)
         kept, tokens, reports = self.verify(start, logits[0], draft)
-        return Cycle(start, g, asked, draft.source, kept, tokens, hidden, reports, stages=[[step] for step in draft.steps],
-                     traced=self.target.traces.made > traces)
+        return Cycle(start, draft.tokens.shape[0], asked, draft.source, kept, tokens, hidden, reports)
 
     def verify(self, start: Start, logits: mx.array, draft: Draft):
         """(kept, tokens, reports) of a draft from the target's logits [g + 1, V] at the last
@@ -173,7 +138,7 @@ class CycleBuilder:
             ngrams=state.ngrams,
             last_token=start.last,
             hidden=start.hidden,
-            kv=self.target.drafter_buffers(state.cache, start.offset),
+            kv=self.target.drafter_buffers(state.cache),
             settings=self.settings,
             uniforms=start.uniforms(self.uniforms["draft"], 0, g),
             ahead=start.ahead,
@@ -187,7 +152,3 @@ class CycleBuilder:
         if draft.q is not None and draft.q.shape != (n, self.target.vocab_size):
             raise SettingsError(f"drafter returned q of shape {draft.q.shape}, expected ({n}, {self.target.vocab_size})")
         return draft
-
-    def _draft(self, state: SequenceState, start: Start, g: int, drafter: Drafter) -> HostWork:
-        draft = yield from drafter.draft_steps(self.context(state, start, g), g)
-        return self.check(draft, g)

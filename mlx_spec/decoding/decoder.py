@@ -1,11 +1,12 @@
-"""The speculative loop: draft g, verify g + 1 positions in one target pass, accept, trim.
+"""One request's decoding: its sampling settings and seed, its drafter and draft length, its
+statistics; its prompt put through the target (`start`), and its tokens generated (`generate`).
 
-Each cycle is built as one lazy MLX graph (the g draft steps, the verification pass, the
-acceptance test and the per-token reports) and synchronised once: exactly one host
-synchronisation per cycle, counted in the statistics. The next cycle is built from the running
-one's lazy outputs and queued before the running one syncs, whatever it keeps (pipeline.py);
-while the device works, the previous cycle's tokens are handed to the caller, so printing
-overlaps compute.
+The loop itself is the batch's (batch.py): a generation alone is a batch of one row, the same
+steps as several requests at once, not a second loop beside it. Each step drafts g guesses,
+verifies g + 1 positions in one target pass, accepts and trims; it is built as one lazy MLX
+graph and synchronised once (exactly one host synchronisation per cycle, counted in the
+statistics), and the next step is built from the running one's lazy outputs and queued before
+it syncs, so that while the device works the previous step's tokens are handed to the caller.
 
 MTP off is the same loop with g = 0: one position per pass, the same reports and statistics.
 """
@@ -13,7 +14,6 @@ MTP off is the same loop with g = 0: one position per pass, the same reports and
 import time
 from typing import Callable, Iterator, List, Optional, Sequence
 
-import mlx.core as mx
 from mlx_lm.generate import wired_limit
 
 from ..drafting import Drafter, as_drafter
@@ -22,28 +22,17 @@ from ..media.items import MediaSpan
 from ..models.protocol import TargetModel
 from ..sampling.settings import SamplingSettings
 from ..sampling.uniforms import uniform_streams
+from .batch import Batch
 from .cycle import Cycle, CycleBuilder
-from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS, PREFILL_CHUNK, check_draft_tokens
-from .pipeline import Outcome, Pipeline
-from .policy import AcceptanceStats, AdaptiveDraftLength, FixedDraftLength
-from .reports import TokenReport, build_reports
+from .draft_lengths import DraftLengths
+from .limits import PREFILL_CHUNK, check_draft_tokens
+from .policy import DraftLength
+from .reports import WAITING, TokenReport, build_reports
+from .rows import Outcome
 from .sequence import SequenceState
 from .stats import Stats
 
 __all__ = ["Decoder"]
-
-
-class _Pending:
-    """A settled cycle's reports, handed to the caller one by one (counting how many went)."""
-
-    def __init__(self, reports=(), hidden_before=None, hidden=None):
-        self.reports, self.hidden_before, self.hidden = list(reports), hidden_before, hidden
-        self.sent = 0
-
-    def hand_over(self):
-        for report in self.reports[self.sent :]:
-            self.sent += 1
-            yield report
 
 
 class Decoder:
@@ -56,8 +45,11 @@ class Decoder:
         report: bool = True,
         stop_tokens: Sequence[int] = (),
         prefill_chunk: int = PREFILL_CHUNK,
+        lengths: Optional[DraftLengths] = None,
     ):
-        """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive)."""
+        """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive).
+        lengths: the engine's cost model of a step (draft_lengths.py), shared by every
+        generation on it; a fresh one if None."""
         if drafter is not None:
             check_draft_tokens(draft_tokens)
         if settings.top_k > target.vocab_size:
@@ -67,18 +59,19 @@ class Decoder:
         self.target = target
         self.settings = settings
         self.drafter = drafter
-        self.draft_tokens = 0 if drafter is None else draft_tokens
-        # Acceptance by guess position, which the draft length is chosen from.
-        stats = AcceptanceStats(MAX_DRAFT_TOKENS)
-        self.policy = (AdaptiveDraftLength(ADAPTIVE_MAX_G, stats) if self.draft_tokens is None
-                       else FixedDraftLength(self.draft_tokens, stats))
+        self.policy = DraftLength(0 if drafter is None else draft_tokens)
+        self.lengths = lengths if lengths is not None else DraftLengths()
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk
         self.uniforms = uniform_streams(settings.seed)
         self.builder = CycleBuilder(target, settings, self.uniforms, report)
         self.stats = Stats()
-        self.pipeline = Pipeline(self.builder, self.policy, drafter, self.stats, self.stop_tokens)
+
+    @property
+    def draft_tokens(self) -> Optional[int]:
+        """Guesses per cycle when fixed (0 without a drafter); None when chosen each cycle."""
+        return self.policy.fixed
 
     def start(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = (),
               stop: Optional[Callable[[], bool]] = None) -> None:
@@ -111,11 +104,10 @@ class Decoder:
         self.stats.prompt_seconds += time.perf_counter() - start
 
     def generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
-        """Yield the reports of up to `max_tokens` new tokens as they settle.
-
-        Each turn: the running cycle is launched, with the next one built ahead of it and
-        queued behind it (`Pipeline.advance`); the previous cycle's tokens are handed over
-        while the device works; the running cycle syncs and settles.
+        """Yield the reports of up to `max_tokens` new tokens as they settle: a batch of this
+        one row, stepped whenever its reader has taken what settled. However it ends (done, a
+        stop, the caller leaving early, an error), the state holds exactly the tokens handed
+        over.
 
         While it decodes, the model's memory is wired as mlx-lm wires it (`wired_limit`: on a
         Mac, the wired limit raised to the GPU's recommended working set, with a warning for a
@@ -125,60 +117,29 @@ class Decoder:
         if max_tokens < 0:
             raise SettingsError(f"max_tokens must be >= 0, got {max_tokens}")
         with wired_limit(self.target.model):
-            yield from self._generate(state, max_tokens)
+            batch = Batch(self.target, self.lengths)
+            reader = batch.join(self, state, max_tokens)
+            try:
+                for report in reader:
+                    if report is WAITING:
+                        batch.step()
+                    else:
+                        yield report
+            finally:
+                reader.close()
 
-    def _generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:
-        began = time.perf_counter()
-        produced, pending, upcoming = 0, _Pending(), None
-        self.pipeline.restart()
-        if self.drafter is not None:
-            self.drafter.begin(state)
-        try:
-            while produced < max_tokens:
-                budget = max_tokens - produced
-                running = upcoming or self.pipeline.first(state, budget)
-                upcoming = self.pipeline.advance(state, running, budget)
-                yield from pending.hand_over()  # while the device works on `running`
-                outcome = self.pipeline.sync(running, budget, upcoming)
-                pending = self.settle(state, running, outcome)
-                produced += len(outcome.tokens)
-                if outcome.stopped:
-                    break
-            yield from pending.hand_over()
-        finally:
-            # However it ends (done, a stop, the caller leaving early, an error), the state must
-            # hold exactly the tokens handed over: drop the rest, and every queued position.
-            self.policy.withdraw()  # a probe chosen for a cycle that never settled is still to come
-            self._unsettle(state, pending)
-            state.trim_to_settled()
-            self.stats.generation_seconds += time.perf_counter() - began
-            self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
-
-    def settle(self, state: SequenceState, cycle: Cycle, outcome: Outcome, timed: bool = True) -> _Pending:
+    def settle(self, state: SequenceState, cycle: Cycle, outcome: Outcome) -> List[TokenReport]:
         """Append the cycle's tokens to the state and cut its rejected guesses from the caches
-        (a cycle queued after it keeps its positions, which follow the settled ones). `timed`:
-        whether the cycle's time is its own (in a batch it is the batch's: decoding/batch.py)."""
+        (a step queued after it keeps its positions, which follow the settled ones); its
+        reports."""
         n = len(outcome.tokens)
         reports = build_reports(outcome.figures, outcome.tokens, [i < outcome.kept for i in range(n)], self.stats.cycles)
         # The caches hold the last settled token and g guesses; keep it and n - 1 guesses.
         state.trim(cycle.g + 1 - n)
-        hidden_before = state.hidden
         state.settle(outcome.tokens, cycle.hidden[:, n - 1 : n])
         if self.drafter is not None:
             self.drafter.accept(state, outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
-        # A cycle that traced a compiled function is not timed: one trace of E2B's pass takes
-        # several cycles' time, and a length it made look dear would not be tried again.
-        self.policy.observe(cycle.g, min(outcome.kept, n), cycle.seconds if timed and not cycle.traced else None,
-                           asked=cycle.asked)
-        return _Pending(reports, hidden_before, cycle.hidden)
-
-    def _unsettle(self, state: SequenceState, pending: "_Pending") -> None:
-        """Take back the settled tokens that were never handed over."""
-        unsent = len(pending.reports) - pending.sent
-        if unsent <= 0:
-            return
-        kept = pending.sent
-        state.take_back(unsent, pending.hidden_before if kept == 0 else pending.hidden[:, kept - 1 : kept])
-        self.stats.generated_tokens -= unsent
+        self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked)
+        return reports

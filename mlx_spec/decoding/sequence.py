@@ -6,7 +6,7 @@ its prompt-lookup index. It is the only thing that changes them: the decoding lo
 sessions, the prompt cache and the request path call its methods (prompt tokens in, a cycle's
 tokens settled, positions trimmed, unsent tokens taken back, a rewind).
 
-While a cycle built ahead is queued (pipeline.py), the caches hold positions past the settled
+While a cycle built ahead is queued (decoding/launch.py), the caches hold positions past the settled
 tokens, and their offsets count the most the sequence can reach until the running cycle syncs;
 `trim` and `trim_to_settled` bring them back. Nothing is copied or restored.
 

@@ -62,7 +62,7 @@ class Draft:
     q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
     source: str = "drafter"  # where the guesses came from, for the statistics
     # Each step's output, in order, for drafters that guess step by step: the cycle is launched
-    # a step at a time (see pipeline.py).
+    # a step at a time (see decoding/launch.py).
     steps: List[mx.array] = field(default_factory=list)
 
 
@@ -75,7 +75,7 @@ class Drafter(ABC):
       reach the host (`context.ahead` is then set). Off by default: a drafter that reads the
       tokens and were drafted ahead would see stale ones and lose guesses silently.
     - `draft_steps`: a drafter that guesses step by step yields after each step, so the loop can
-      build its cycle between the stages of the running cycle's launch (pipeline.py).
+      build its cycle between the stages of the running cycle's launch (decoding/launch.py).
     """
 
     drafts_ahead = False

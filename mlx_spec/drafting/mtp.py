@@ -58,18 +58,21 @@ class MTPDrafter(Drafter):
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source=self.source, steps=guesses)
 
-    def draft_batch(self, last: mx.array, hidden: mx.array, positions: mx.array, kv: Dict[str, SharedKV],
-                    g: int) -> mx.array:
-        """Argmax guesses [B, g] for the rows of a batch at once (decoding/batch.py): last
-        tokens [B, 1], hidden states [B, 1, H], positions [B], the batch's K/V (each row reads
-        its own, `Target.batch_drafter_buffers`); each step one compiled call for every row."""
+    def draft_batch_steps(self, last: mx.array, hidden: mx.array, positions: mx.array, kv: Dict[str, SharedKV],
+                          g: int) -> HostWork:
+        """Argmax guesses for the rows of a batch at once (decoding/batch.py), yielding after
+        each step: last tokens [B, 1], hidden states [B, 1, H], positions [B], the batch's K/V
+        (each row reads its own, `Target.batch_drafter_buffers`); each step one compiled call
+        for every row. Returns (guesses [B, g], each step's tokens [B, 1]): the step is launched
+        a draft step at a time (decoding/batch.py)."""
         kv = self.assistant.kv_inputs(kv)
         step = self._step(None, tuple(a.shape for a in kv))
         token, guesses = last.astype(mx.int32), []
         for _ in range(g):
             token, hidden = step(token, hidden, positions, *kv)
             guesses.append(token)
-        return mx.concatenate(guesses, axis=1) if guesses else mx.zeros((last.shape[0], 0), mx.int32)
+            yield
+        return (mx.concatenate(guesses, axis=1) if guesses else mx.zeros((last.shape[0], 0), mx.int32)), guesses
 
     def _step(self, settings: Optional[SamplingSettings], shapes: tuple):
         """One draft step as a compiled function: a few fused kernels instead of hundreds of

@@ -2,7 +2,7 @@
 result, run piece by piece (`Pieces.step`) or through (`Pieces.finish`), timing only itself.
 
 The loop builds the next cycle in pieces, one after each stage of the running cycle's launch
-(see pipeline.py): a piece is one draft step, so that the host's work between two stages is about
+(see decoding/launch.py): a piece is one draft step, so that the host's work between two stages is about
 as long as the part of a stage the device still has to run when its launch returns.
 """
 

@@ -1,5 +1,5 @@
-"""Drafting for several sequences at once (a batch, decoding/batch.py): each row's own drafter,
-and the MTP assistant's steps run once for every row that drafts with it.
+"""Drafting for the rows of a step (decoding/batch.py): each row's own drafter, and the MTP
+assistant's steps run once for every row that drafts with it.
 
 A row's drafter is what it would be alone: prompt lookup then the assistant (the default chain),
 either alone, or any drafter given. Members that guess on the host (prompt lookup, a custom
@@ -7,6 +7,10 @@ drafter) draft row by row; the rows left to one MTP assistant, which guesses arg
 together, each taking as many of the common steps' guesses as it asked for (an assistant told to
 sample its guesses drafts argmax here: either rule is exact). Drafters other than the assistant
 see each row's tokens and n-grams, not the K/V (`DraftContext.kv` is empty in a batch).
+
+The drafting is host work in pieces (a piece per draft step), and each draft step's outputs
+are a stage of the step's launch: the loop queues a step a draft step at a time and builds a
+piece of the next one in between (decoding/batch.py).
 """
 
 from typing import Callable, Dict, List, Optional, Tuple
@@ -16,15 +20,19 @@ import mlx.core as mx
 from .base import Draft, DraftContext, Drafter
 from .chain import Chain
 from .mtp import MTPDrafter
-from .pieces import run_through
+from .pieces import HostWork
+
+Stages = List[List[mx.array]]  # [i]: the outputs of draft step i, every row's
 
 
 def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftContext]], gs: List[int],
-               assistant_inputs: Callable[[List[int]], tuple]) -> List[Draft]:
-    """Each row's draft of up to gs[b] guesses (none where g is 0 or there is no drafter).
-    `assistant_inputs(rows)`: the MTP assistant's inputs for those rows of the batch (their last
-    tokens, hidden states, positions and K/V: `MTPDrafter.draft_batch`)."""
+               assistant_inputs: Callable[[List[int]], tuple]) -> HostWork:
+    """Each row's draft of up to gs[b] guesses (none where g is 0 or there is no drafter), and
+    the draft steps' outputs as stages: returns (drafts, stages). `assistant_inputs(rows)`: the
+    MTP assistant's inputs for those rows of the batch (their last tokens, hidden states,
+    positions and K/V: `MTPDrafter.draft_batch_steps`)."""
     drafts: List[Optional[Draft]] = [None] * len(gs)
+    stages: Stages = []
     together: Dict[int, Tuple[MTPDrafter, List[int]]] = {}  # id(assistant drafter) -> its rows
     for b, (drafter, context, g) in enumerate(zip(drafters, contexts, gs)):
         if drafter is None or g == 0:
@@ -32,9 +40,10 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
             continue
         host, assistant = _split(drafter)
         for member in host:
-            draft = run_through(member.draft_steps(context, g))
+            draft = yield from member.draft_steps(context, g)
             if draft.tokens.size:
                 drafts[b] = draft
+                _add_stages(stages, draft.steps)
                 break
         else:
             if assistant is None:
@@ -42,10 +51,18 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
             else:
                 together.setdefault(id(assistant), (assistant, []))[1].append(b)
     for assistant, rows in together.values():
-        guesses = assistant.draft_batch(*assistant_inputs(rows), max(gs[b] for b in rows))
+        guesses, steps = yield from assistant.draft_batch_steps(*assistant_inputs(rows), max(gs[b] for b in rows))
+        _add_stages(stages, steps)
         for i, b in enumerate(rows):
             drafts[b] = Draft(guesses[i, : gs[b]], source=assistant.source)
-    return drafts
+    return drafts, stages
+
+
+def _add_stages(stages: Stages, steps: List[mx.array]) -> None:
+    for i, step in enumerate(steps):
+        if i == len(stages):
+            stages.append([])
+        stages[i].append(step)
 
 
 def _split(drafter: Drafter):

@@ -89,6 +89,10 @@ class BatchCaches:
         """Layer i of a sequence's caches as one row of this layer's buffer."""
         ring = self.rings[i]
         B, H, _, Dk = c.keys.shape
+        if ring is None and not self.slots and c.keys.shape[2] % FullCache.step == 0:
+            # The first row takes the sequence's own buffers as they are (its slots past the
+            # offset are masked): a generation alone copies none of its K/V in or out.
+            return c.keys, c.values
         if ring is None:
             size = self.capacity or FullCache.step * -(-offset // FullCache.step)
             k = mx.zeros((1, H, size, Dk), c.keys.dtype)
@@ -114,8 +118,11 @@ class BatchCaches:
             k, v = self.keys[i][b : b + 1], self.values[i][b : b + 1]
             if ring is None:
                 c = FullCache()
-                size = FullCache.step * -(-offset // FullCache.step)
-                c.keys, c.values = k[..., :size, :] * 1, v[..., :size, :] * 1  # copies: the batch's buffer is dropped
+                if len(self.slots) == 1:  # the last row takes the buffers as they are
+                    c.keys, c.values = self.keys[i], self.values[i]
+                else:
+                    size = FullCache.step * -(-offset // FullCache.step)
+                    c.keys, c.values = k[..., :size, :] * 1, v[..., :size, :] * 1  # copies: the batch's buffer is dropped
                 c.offset = offset
             else:
                 c = next(sliding)

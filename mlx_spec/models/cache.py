@@ -8,8 +8,10 @@ buffer fills up, the entries still needed are moved to its front (one copy every
 tokens), so memory stays bounded however long the generation runs.
 
 It implements the part of mlx-lm's cache interface that mlx-lm's Gemma 4 attention uses:
-``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``; and, with ``FullCache`` (mlx-lm's
-full-attention cache), the ``reserve`` and ``written`` of a compiled pass over the whole buffers (gemma4/compiled_pass.py).
+``offset``, ``update_and_fetch`` and ``make_mask``, plus ``trim``. ``FullCache`` is mlx-lm's
+full-attention cache, its buffer grown by whole steps. These are a sequence's own caches (its
+prompt goes through them); while it decodes, its K/V are a row of the loop's storage
+(batch_cache.py).
 """
 
 from typing import Optional
@@ -92,18 +94,6 @@ class SlidingWindowCache:
         k = mx.arange(first, last_query + 1)[None]
         return (k <= q) & (k > q - window)
 
-    def reserve(self, n: int) -> None:
-        """Make room in the buffer for `n` more positions (for a pass that writes into the whole
-        buffer: see compiled_pass.py)."""
-        if self.offset - self.start + n > self.keys.shape[2]:
-            self._make_room(n, self.keys, self.values)
-
-    def written(self, keys: mx.array, values: mx.array, n: int) -> None:
-        """Take the buffers a pass returned, with `n` more positions written at the offset."""
-        self.keys, self.values = keys, values
-        self.offset += n
-        self.furthest = max(self.furthest, self.offset)
-
     def draft_range(self) -> tuple:
         """Buffer slots [lo, hi) of the last `draft_span` written positions, oldest first: what
         the MTP drafter's sliding layers attend to (bidirectionally)."""
@@ -154,17 +144,16 @@ class SlidingWindowCache:
 
 
 class FullCache(KVCache):
-    """mlx-lm's full-attention cache, with the `reserve` and `written` of a pass that writes into
-    the whole buffer (see compiled_pass.py). Such a pass is compiled for the buffer's shape, so
-    the buffer grows by whole steps of `step` positions, and rarely."""
+    """mlx-lm's full-attention cache, its buffer grown by whole steps of `step` positions: the
+    loop's pass is compiled for its storage's shapes (batch_pass.py), whose full-attention
+    buffers are as wide as the sequences' own, so that every conversation sees the same few."""
 
     step = 512
     start = 0  # the position held in buffer slot 0 (always the first)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """mlx-lm's append (the plain pass, prefill), growing the buffer as `reserve` does: to a
-        multiple of `step`, so that the compiled pass sees the same few shapes in every
-        conversation (mlx-lm's own growth, from an offset that is not a multiple, would not)."""
+        """mlx-lm's append (the plain pass, prefill), growing the buffer to a multiple of `step`
+        (mlx-lm's own growth, from an offset that is not a multiple, would not)."""
         if self.keys is not None:
             self.reserve(keys.shape[2])
         return super().update_and_fetch(keys, values)
@@ -180,10 +169,6 @@ class FullCache(KVCache):
         keys[..., : self.offset, :] = self.keys[..., : self.offset, :]
         values[..., : self.offset, :] = self.values[..., : self.offset, :]
         self.keys, self.values = keys, values
-
-    def written(self, keys: mx.array, values: mx.array, n: int) -> None:
-        self.keys, self.values = keys, values
-        self.offset += n
 
 
 def trim_cache(cache: list, n: int) -> None:

@@ -71,10 +71,22 @@ class TargetModel(Protocol):
     def make_cache(self, max_trim: int) -> List[Any]:
         """Fresh caches; sliding-window ones must drop their newest `max_trim` positions at any offset."""
 
-    def forward(self, tokens: mx.array, cache: List[Any], offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
-        """(logits, hidden) of every position of `tokens` [1, N], appended to `cache`. `offset`:
-        where they go, as a device array, when the host does not know it yet (a cycle built
-        ahead; only targets whose MTP drafter drafts ahead are asked)."""
+    def forward(self, tokens: mx.array, cache: List[Any]) -> Tuple[mx.array, mx.array]:
+        """(logits, hidden) of every position of `tokens` [1, N], appended to `cache` (a plain
+        pass: a sequence's first cycle before its caches hold anything)."""
+
+    def batch_caches(self, max_trim: int, max_pass: int) -> Any:
+        """The loop's K/V storage, a row per sequence (models/batch_cache.py's `BatchCaches`
+        over `sliding_windows(self.make_cache(max_trim))` serves any mlx-lm model)."""
+
+    def forward_batch(self, tokens: mx.array, caches: Any, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+        """(logits, hidden) [B, L, ...] of every row's tokens, each row at its own offset (on the
+        device when given: a step built ahead). models/batch_pass.py's `BatchPass` serves any
+        mlx-lm model whose layers use mlx-lm's cache interface."""
+
+    def batch_drafter_buffers(self, caches: Any, end: Optional[mx.array] = None) -> Dict[str, SharedKV]:
+        """The K/V an MTP drafter attends to in every row of the storage, the positions each slot
+        holds given (empty for a family without an MTP drafter)."""
 
     def prefill(self, tokens: mx.array, cache: List[Any], chunk: int, spans: Sequence[Any] = (),
                 start: int = 0) -> mx.array:
@@ -83,9 +95,9 @@ class TargetModel(Protocol):
     def embed(self, tokens: mx.array) -> mx.array:
         """The input embedding a drafter reads, as the first layer sees it."""
 
-    def drafter_buffers(self, cache: List[Any], offset: Optional[mx.array] = None) -> Dict[str, SharedKV]:
-        """The K/V an MTP drafter attends to, by attention type, all settled (empty for a family
-        without an MTP drafter: every cycle asks, whatever its drafter)."""
+    def drafter_buffers(self, cache: List[Any]) -> Dict[str, SharedKV]:
+        """The K/V an MTP drafter attends to in a sequence's own caches, all settled (empty for
+        a family without an MTP drafter)."""
 
 
 @runtime_checkable

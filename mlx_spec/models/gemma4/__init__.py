@@ -1,8 +1,8 @@
 """The Gemma 4 family: E2B, E4B, 26B-A4B, 31B and the 12B, with their MTP assistants.
 
 facts.py: the model's facts (layer kinds, K/V sources, configs as mlx-lm reads them, the K/V
-cache's size); sizes.py: the sizes by name; target.py and compiled_pass.py: the target over
-mlx-lm's model (and its compiled decoding pass); media_prefill.py: images and audio in a
+cache's size); sizes.py: the sizes by name; target.py: the target over mlx-lm's model (its
+pass over the loop's rows is models/batch_pass.py's); media_prefill.py: images and audio in a
 prefill; assistant.py: the MTP drafter; loader.py: loading both and checking a pair;
 chat_format.py: channels and tool calls as Gemma 4 writes them.
 """

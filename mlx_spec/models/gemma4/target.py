@@ -14,13 +14,12 @@ from mlx_lm.models.gemma4_text import logit_softcap
 
 from ...media.items import MediaSpan, chunk_bounds, inside
 from ..batch_cache import BatchCaches, held_positions, sliding_windows
-from ..batch_pass import BatchPass
+from ..batch_pass import MAX_POSITIONS, BatchPass
 from ..cache import FullCache, SlidingWindowCache
 from ..protocol import SharedKV
 from ..traces import TraceCache
 from .facts import FULL, SLIDING, cached_layer_types, kv_source_layers
 from .media_prefill import hidden_with_media
-from ..compiled_pass import MAX_POSITIONS, CompiledPass
 
 
 class Target:
@@ -39,7 +38,6 @@ class Target:
         # Every compiled function that runs on this model (its pass, the drafter's steps, the
         # acceptance test): one owner, whose count of traces tells a cycle's build that traced.
         self.traces = TraceCache()
-        self._compiled_pass = CompiledPass(self, self.traces)
         self._batch_pass = BatchPass(self, self.traces)
 
     @property
@@ -84,16 +82,9 @@ class Target:
         hidden = self.hidden(tokens, cache)
         return self.logits(hidden), hidden
 
-    def forward(self, tokens: mx.array, cache: list, offset: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
-        """`self(tokens, cache)` as the decoding loop runs it: compiled for a few positions at a
-        time (see models/compiled_pass.py), plain for anything else (an empty cache, a long input).
-        `offset`: where the tokens go, as a device array, when the host does not know it yet
-        (a cycle built ahead); the caches' offsets then count the most it can be."""
-        if CompiledPass.applies(tokens, cache):
-            return self._compiled_pass(tokens, cache, offset)
-        if offset is not None:
-            raise ValueError("a pass at a device-side offset needs the compiled pass: our caches, "
-                             f"not empty, and at most {MAX_POSITIONS} positions")
+    def forward(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
+        """`self(tokens, cache)`: the plain pass, for a sequence's first cycle before its caches
+        hold anything (the loop's steps take `forward_batch`)."""
         return self(tokens, cache)
 
     def batch_caches(self, max_trim: int, max_pass: int) -> BatchCaches:
@@ -123,21 +114,16 @@ class Target:
         """The scaled input embedding, as the target's first layer sees it."""
         return self.text_model.embed_tokens(tokens) * self.text_model.embed_scale
 
-    def drafter_buffers(self, cache: list, offset: Optional[mx.array] = None) -> Dict[str, SharedKV]:
-        """K/V the MTP drafter attends to: the last window + 1 positions of the sliding source
-        layer and every position of the full source layer, all settled (no rejected guesses:
-        they lie past the settled positions). `offset`: the settled positions as a device
-        array, for a cycle built ahead (the caches' own offsets count the most it can be)."""
+    def drafter_buffers(self, cache: list) -> Dict[str, SharedKV]:
+        """K/V the MTP drafter attends to in a sequence's own caches: the last window + 1
+        positions of the sliding source layer and every position of the full source layer, all
+        settled. (The loop's steps read `batch_drafter_buffers`.)"""
         sliding = cache[self.kv_layers[SLIDING]]
         full = cache[self.kv_layers[FULL]]
         if full.keys is None:
             raise ValueError("the target has processed no tokens yet: prefill first")
-        if offset is None:
-            return {SLIDING: SharedKV(sliding.keys, sliding.values, *sliding.draft_range()),
-                    FULL: SharedKV(full.keys, full.values, 0, full.offset)}
-        end = offset - sliding.start
-        return {SLIDING: SharedKV(sliding.keys, sliding.values, mx.maximum(end - sliding.draft_span, 0), end),
-                FULL: SharedKV(full.keys, full.values, 0, offset)}
+        return {SLIDING: SharedKV(sliding.keys, sliding.values, *sliding.draft_range()),
+                FULL: SharedKV(full.keys, full.values, 0, full.offset)}
 
     def prefill(self, tokens: mx.array, cache: list, chunk: int, spans: Sequence[MediaSpan] = (),
                 start: int = 0) -> mx.array:

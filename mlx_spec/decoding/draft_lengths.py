@@ -1,0 +1,157 @@
+"""How many guesses each row of a step drafts: one cost model for the engine, each row's own
+acceptance. A generation alone is a step of one row; several requests at once are a step of
+several (batch.py).
+
+A step's time depends on its rows and its positions (the longest row's guesses plus one: shorter
+rows are padded). `DraftLengths` learns T(B, L), the time of a step of B rows over L positions,
+once per engine: every generation on it, alone or batched, times its steps into the same table
+(a moving average per (B, L); for lengths not timed yet at this B, a straight line through the
+ones that were, or the shape of the nearest B's line, never below the prior of a guess costing
+a quarter of a plain position). A step that traced a compiled function is not timed.
+
+Each row brings its own acceptance (`DraftLength`, policy.py), so row b expects E_b(g) tokens from
+g guesses. The step drafts the g that maximises the batch's expected tokens per second,
+sum_b E_b(g_b) / T(B, g + 1), g_b being g capped by the row's budget, T never below a shorter
+draft's measured time (noise must not make a longer draft look cheaper). A row with a fixed
+length drafts that, a row without a drafter none, a row whose probe is due its probe; and beside
+rows that gain from the drafts, a row whose own gain is next to nothing drafts none (its probes
+keep watching). So a row may draft 0 beside rows that draft 6, and where the pass becomes
+compute-bound as the batch grows (T grows with L), drafting stops by itself.
+
+The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change with
+the number of rows), and at a = 1 the line always favours the longest draft. So the lengths next
+to the chosen one are measured too, each at most EXPLORE_TRIES times while untimed: the choice
+climbs to the best measured length instead of stopping where the line pointed.
+"""
+
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from .policy import DraftLength, average, fit_line
+
+PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
+EXPLORE_TRIES = 2  # steps a neighbouring length is tried for a time (the first may trace, untimed)
+MIN_GAIN = 0.05  # expected tokens a row's guesses must add for it to draft beside rows that gain more
+
+
+class Ask(NamedTuple):
+    """What the choice reads of a row: its draft length (None: no drafter) and the tokens it may
+    still make (0: it sits the step out)."""
+
+    policy: Optional[DraftLength]
+    budget: int
+
+
+class DraftLengths:
+    def __init__(self, decay: float = 0.92):
+        self.decay = decay
+        self.seconds: Dict[Tuple[int, int], float] = {}  # (rows, positions) -> a step's time
+        self.timed: Dict[Tuple[int, int], int] = {}
+        self.explored: Dict[Tuple[int, int], int] = {}
+
+    def choose(self, asks: List[Ask]) -> List[int]:
+        """Each row's g for the next step of these rows (probes handed out are marked so)."""
+        batch, gs, deciders = len(asks), [0] * len(asks), []
+        for i, (policy, budget) in enumerate(asks):
+            if policy is None or budget <= 0:
+                continue
+            cap = policy.cap(budget)
+            probe = policy.probe_due(self._probe_every(policy, batch)) if policy.adaptive else 0
+            if not policy.adaptive or probe:
+                gs[i] = min(probe, cap) if probe else cap
+                if probe:
+                    policy.handed_out(gs[i])
+                continue
+            deciders.append((i, policy, cap))
+        if deciders:
+            others = [(a.policy, gs[i]) for i, a in enumerate(asks) if a.budget > 0 and i not in {d[0] for d in deciders}]
+            for (i, policy, cap), g in zip(deciders, self._best(batch, deciders, others)):
+                gs[i] = g
+        return gs
+
+    def _best(self, batch: int, deciders, others) -> List[int]:
+        """The deciding rows' g: the fastest common length (`fastest`), or an untimed neighbour
+        of it, to time it; beside rows that gain from it, a row that gains next to nothing
+        drafts none."""
+        floor = max((g for _, g in others), default=0)
+        limit = max(cap for _, _, cap in deciders)
+        best = self._neighbour(batch, self.fastest(batch, deciders, others), limit, floor)
+        gains = [policy.stats.expected_tokens(min(best, cap)) - 1 for _, policy, cap in deciders]
+        return [0 if gain < MIN_GAIN <= max(gains) else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
+
+    def fastest(self, batch: int, deciders, others=()) -> int:
+        """The common g of the deciding rows ((index, policy, cap) each) with the most expected
+        tokens per second for the batch, the shortest on a tie, in one pass (this runs every
+        step, and a plain step of a small model takes a few milliseconds). `others`: the other
+        stepping rows' (policy or None, g). A step's time is the measured one, or the line's
+        (`_line`) for a length not measured yet, and never less than a shorter draft's."""
+        floor = max((g for _, g in others), default=0)
+        settled = sum(p.stats.expected_tokens(g) if p is not None else 1.0 for p, g in others)
+        limit = max(cap for _, _, cap in deciders)
+        curves = [(policy.stats.expected_curve(limit), cap) for _, policy, cap in deciders]
+        line = self._line(batch)
+        best, best_rate, slowest = 0, -1.0, 0.0
+        for g in range(limit + 1):
+            measured = self.seconds.get((batch, max(g, floor) + 1))
+            seconds = max(measured if measured is not None else line(max(g, floor) + 1), slowest)
+            rate = (settled + sum(curve[min(g, cap)] for curve, cap in curves)) / seconds
+            if rate > best_rate:
+                best, best_rate = g, rate
+            if measured is not None:
+                slowest = max(slowest, measured)
+        return best
+
+    def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
+        """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
+        only: whether to draft at all is the probes' question."""
+        if g == 0:
+            return g
+        for n in (g + 1, g - 1):
+            key = (batch, max(n, floor) + 1)
+            if 1 <= n <= limit and key not in self.seconds and self.explored.get(key, 0) < EXPLORE_TRIES:
+                self.explored[key] = self.explored.get(key, 0) + 1
+                return n
+        return g
+
+    def _probe_every(self, policy: DraftLength, batch: int) -> int:
+        return policy.probe_every(self.seconds.get((batch, 1)), self.seconds.get((batch, policy.probe_g + 1)))
+
+    def _line(self, batch: int):
+        """positions -> a step's time at this batch size, for lengths not timed yet: a line
+        through this size's timed lengths; with fewer than two, the shape of the nearest size's
+        line (how a step's cost grows with its positions), through this size's one time if it
+        has one; the prior where nothing is known."""
+        known = self._known(batch)
+        if len(known) >= 2:
+            return _fit(known)
+        others = [b for b in {rows for rows, _ in self.seconds} if b != batch and len(self._known(b)) >= 2]
+        if not others:
+            shape = lambda positions: 1 + PER_GUESS * (positions - 1)  # noqa: E731
+        else:
+            shape = _fit(self._known(min(others, key=lambda b: abs(b - batch))))
+        if not known:
+            return shape
+        positions, its_time = known[0]
+        return lambda p: its_time * shape(p) / shape(positions)
+
+    def _known(self, batch: int):
+        return sorted((positions, t) for (rows, positions), t in self.seconds.items() if rows == batch)
+
+    def observe(self, batch: int, positions: int, seconds: Optional[float]) -> None:
+        """A settled step of `batch` rows over `positions` positions took `seconds` of the loop's
+        host time (None: not timed, as when it traced)."""
+        if seconds is None:
+            return
+        key = (batch, positions)
+        self.timed[key] = self.timed.get(key, 0) + 1
+        self.seconds[key] = average(self.seconds.get(key, 0.0), seconds, self.timed[key], self.decay)
+
+    def table(self) -> Dict[str, float]:
+        """The measured step times, 'rows x positions' -> milliseconds (for the bench)."""
+        return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.seconds.items())}
+
+
+def _fit(known):
+    """fit_line through (positions, seconds), held below the shortest timed length to at least
+    the prior's slope from it."""
+    shortest, its_time = known[0]
+    return fit_line(known, lambda p: its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))
