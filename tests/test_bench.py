@@ -169,7 +169,7 @@ def test_batch(tiny_models, tmp_path):
     """Several requests at once: every configuration at every concurrency, the same tokens as
     MTP off (greedy), and the table shows the JSON's figures."""
     _, data = run_script("batch", *tiny_models, "--concurrency", "1,3", "--prompt-tokens", "8,40",
-                         "--answer-tokens", "6,16", tmp_path=tmp_path)
+                         "--answer-tokens", "6,16", "--rounds", "2", tmp_path=tmp_path)
     levels = data["levels"]
     assert [r["concurrency"] for r in levels] == [1, 3]
     for r in levels:
@@ -180,13 +180,21 @@ def test_batch(tiny_models, tmp_path):
     assert_shown(report_rows(tmp_path / "results", "batch", "default tok/s"), levels, {
         "at once": lambda r: str(r["concurrency"]), "default tok/s": lambda r: f"{r['default']['total_tps']:.1f}",
         "mlx-lm batched": lambda r: f"{r['mlx_lm']['total_tps']:.1f}",
-        "default / off": lambda r: f"{r['default']['total_tps'] / r['mtp_off']['total_tps']:.2f}"})
+        "default / off": lambda r: f"{r['ratios']['default / off']['median']:.2f}"})
     assert data["step_ms"]  # the cost model's step times, by rows x positions
+    # Interleaved rounds: each figure the median of its rounds, each ratio the median of the
+    # rounds' ratios; a bar for each batch size against MTP off and mlx-lm.
+    for r in levels:
+        for key in ("default", "mtp_off", "mlx_lm"):
+            assert len(r[key]["rounds_tps"]) == 2 and r[key]["total_tps"] == sum(r[key]["rounds_tps"]) / 2
+        ratios = [a / b for a, b in zip(r["default"]["rounds_tps"], r["mtp_off"]["rounds_tps"])]
+        assert r["ratios"]["default / off"]["median"] == pytest.approx(sum(ratios) / 2)
+    assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
 
 
 def test_controlled(tiny_models, tmp_path):
     _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1",
-                         "--trials", "3", "--best-of", "2", tmp_path=tmp_path)
+                         "--trials", "3", "--best-of", "2", "--fixed-lengths", "2,6", tmp_path=tmp_path)
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
     # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
     assert data["sweep"][-1]["tokens_per_cycle"] > 5
@@ -230,12 +238,21 @@ def test_controlled(tiny_models, tmp_path):
     assert report_rows(folder, "controlled", "met")[0][f"middle half of the {rounds} rounds"] == "{:.2f}-{:.2f}".format(
         *data["bars"][0]["middle_half"])
     assert "The bars, and the spread of their rounds" in (folder / "report.html").read_text()
+    # At every acceptance the adaptive length is set against the best of MTP off and every
+    # fixed g timed in the same rounds.
+    for a in ("0", "0.3", "0.5", "0.7", "0.9", "1"):
+        best = data["best"][a]
+        assert best in ("MTP off", f"g = 2, a = {a}", f"g = 6, a = {a}")
+        assert data["median_tps"][best] == max(data["median_tps"][n] for n in ("MTP off", f"g = 2, a = {a}", f"g = 6, a = {a}"))
+        bar = next(b for b in data["bars"] if b["bar"].startswith(f"a = {a}: adaptive >= 0.95 x the best"))
+        ratios = sorted(x / y for x, y in zip(data["trials"][f"adaptive, a = {a}"], data["trials"][best]))
+        assert bar["ratio"] == pytest.approx(ratios[rounds // 2])
 
 
 def test_interleaved_rounds_turn_the_order_every_pass_and_keep_each_pass():
     """Every configuration runs best_of times a round, the order reversed on every pass; the
     loop efficiency takes the fastest alone time and the fastest loop of the round."""
-    from mlx_spec.bench.controlled import interleaved_rounds
+    from mlx_spec.bench.controlled_bars import interleaved_rounds
 
     order, speeds = [], iter(range(1, 100))
 

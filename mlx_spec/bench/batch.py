@@ -5,6 +5,12 @@ decoding (`BatchGenerator`, no drafts) on the same model and prompts, all in one
 requests one after another (mlx-spec's default, alone each); and what a batch step costs by
 rows and positions, from which the acceptance drafting needs to pay at each batch size.
 
+The configurations run in interleaved rounds (`--rounds`, the order turned every round, so that
+a machine whose speed drifts slows every side alike); each figure is the median over the rounds,
+each ratio the median of the rounds' ratios, shown with their middle half. The bars: at every
+batch size the default at least as fast as MTP off and as mlx-lm, both batched; and 8 requests
+at once at least 3x the same 8 one after another.
+
     mlx-spec bench batch --random-weights --shape small
 """
 
@@ -92,48 +98,86 @@ def figures(began: float, times) -> dict:
             "generated": total}
 
 
+CONFIGS = ("default", "mtp_off", "fixed_g", "mlx_lm", "one_after_another")
+RATIOS = {"default / off": "mtp_off", "default / mlx-lm": "mlx_lm", "default / one after another": "one_after_another"}
+
+
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench batch")
     parser.add_argument("--concurrency", default=CONCURRENCY, help=f"requests at once, comma separated [{CONCURRENCY}]")
     parser.add_argument("--prompt-tokens", default="32,384", help="prompt lengths drawn from this range [32,384]")
     parser.add_argument("--answer-tokens", default="48,160", help="answer lengths drawn from this range [48,160]")
-    args = parse(parser, argv, quick=dict(concurrency="1,2,4", prompt_tokens="16,96", answer_tokens="16,48"))
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration [3]")
+    args = parse(parser, argv, quick=dict(concurrency="1,2,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
     levels = [int(c) for c in args.concurrency.split(",")]
     prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     answer_range = tuple(int(x) for x in args.answer_tokens.split(","))
     engine = build_engine(args).with_stop_tokens([])  # every answer runs its whole budget
     info = machine()
     pool = requests(engine, max(levels), prompt_range, answer_range)
-    print(header("Several requests at once", info, {"concurrency": levels, "prompt": prompt_range,
+    print(header("Several requests at once", info, {"concurrency": levels, "prompt": prompt_range, "rounds": args.rounds,
                                                      "answer": answer_range, **describe_models(args)}))
-    progress = Progress("batch", len(levels))
-    rows = [measure(engine, pool[:c], progress, c) for c in levels]
-    results = {"machine": info, "models": describe_models(args), "levels": rows,
-               "step_ms": engine.draft_lengths.table()}
-    print_tables(rows)
+    progress = Progress("batch", len(levels) * args.rounds)
+    rows = [measure(engine, pool[:c], progress, c, args.rounds) for c in levels]
+    results = {"machine": info, "models": describe_models(args), "levels": rows, "rounds": args.rounds,
+               "step_ms": engine.draft_lengths.table(), "bars": judged(rows)}
+    print_tables(rows, results["bars"])
     print(f"\nJSON: {write_json('batch', args, results)}")
 
 
-def measure(engine, batch, progress, c: int) -> dict:
+def measure(engine, batch, progress, c: int, rounds: int) -> dict:
     # A short untimed run of each configuration first: the compiled functions of this batch size
     # (the pass of each length, the acceptance of each draft) are traced out of the figures.
     short = [(prompt, min(n, 8)) for prompt, n in batch]
     for settings in (dict(), dict(mtp=False), dict(draft_tokens=G)):
         timed_ours(engine, short, **settings)
     timed_mlx_lm(engine, short)
-    row = {"concurrency": c, "default": timed_ours(engine, batch), "mtp_off": timed_ours(engine, batch, mtp=False),
-           "fixed_g": timed_ours(engine, batch, draft_tokens=G), "mlx_lm": timed_mlx_lm(engine, batch),
-           "one_after_another": timed_one_after_another(engine, batch)}
-    off = row["mtp_off"]["tokens"]
-    row["same_tokens"] = {k: row[k]["tokens"] == off for k in ("default", "fixed_g", "one_after_another", "mlx_lm")}
+    configs = {"default": lambda: timed_ours(engine, batch), "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
+               "fixed_g": lambda: timed_ours(engine, batch, draft_tokens=G), "mlx_lm": lambda: timed_mlx_lm(engine, batch),
+               "one_after_another": lambda: timed_one_after_another(engine, batch)}
+    runs = {k: [] for k in CONFIGS}
+    for r in range(rounds):
+        for k in CONFIGS[:: 1 if r % 2 == 0 else -1]:
+            runs[k].append(configs[k]())
+        progress.step(f"{c} at once, round {r + 1}")
+    first = {k: v[0] for k, v in runs.items()}
+    off = first["mtp_off"]["tokens"]
+    row = {"concurrency": c, "same_tokens": {k: first[k]["tokens"] == off for k in ("default", "fixed_g", "one_after_another", "mlx_lm")}}
     # Where one of ours parts from MTP off (a batched matmul may round differently on Metal):
     # the request, the token's index and the logit gap there, never hidden.
-    row["differences"] = {k: parted(engine, batch, row[k]["tokens"], off) for k in ("default", "fixed_g", "one_after_another")}
-    for k in ("default", "mtp_off", "fixed_g", "one_after_another", "mlx_lm"):
-        row[k].pop("tokens")
+    row["differences"] = {k: parted(engine, batch, first[k]["tokens"], off) for k in ("default", "fixed_g", "one_after_another")}
+    for k in CONFIGS:
+        row[k] = {f: statistics.median(run[f] for run in runs[k]) for f in ("total_tps", "per_request_tps", "first_token_s", "seconds")}
+        row[k]["generated"] = first[k]["generated"]
+        row[k]["rounds_tps"] = [run["total_tps"] for run in runs[k]]
+    row["ratios"] = {name: spread([a["total_tps"] / b["total_tps"] for a, b in zip(runs["default"], runs[other])])
+                     for name, other in RATIOS.items()}
     row["step_cost"] = step_cost(engine, c)
-    progress.step(f"{c} at once")
     return row
+
+
+def spread(values: list) -> dict:
+    """The median of the rounds' values and their middle half."""
+    if len(values) < 2:
+        return {"median": values[0], "middle_half": [values[0], values[0]], "rounds": values}
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "middle_half": [q1, q3], "rounds": values}
+
+
+def judged(rows) -> list:
+    """The bars: the default at least as fast as MTP off and mlx-lm, batched, at every batch size;
+    8 at once at least 3x one after another."""
+    bars = []
+    for r in rows:
+        for name, need in (("default / off", 1.0), ("default / mlx-lm", 1.0)):
+            bars.append({"bar": f"{r['concurrency']} at once: {name} >= {need:g}", "ratio": r["ratios"][name]["median"],
+                         "middle_half": r["ratios"][name]["middle_half"], "needed": need,
+                         "met": r["ratios"][name]["median"] >= need})
+        if r["concurrency"] == 8:
+            ratio = r["ratios"]["default / one after another"]
+            bars.append({"bar": "8 at once: default / one after another >= 3", "ratio": ratio["median"],
+                         "middle_half": ratio["middle_half"], "needed": 3.0, "met": ratio["median"] >= 3.0})
+    return bars
 
 
 def parted(engine, batch, tokens, reference) -> list:
@@ -170,20 +214,19 @@ def same_tokens(row) -> str:
     return "no: " + "; ".join(parts)
 
 
-def print_tables(rows) -> None:
+def print_tables(rows, bars) -> None:
     table = []
     for r in rows:
         d, off, lm, seq = r["default"], r["mtp_off"], r["mlx_lm"], r["one_after_another"]
         table.append([r["concurrency"], f"{d['total_tps']:.1f}", f"{off['total_tps']:.1f}", f"{r['fixed_g']['total_tps']:.1f}",
                       f"{lm['total_tps']:.1f}", f"{seq['total_tps']:.1f}",
-                      f"{d['total_tps'] / off['total_tps']:.2f}", f"{d['total_tps'] / lm['total_tps']:.2f}",
-                      f"{d['total_tps'] / seq['total_tps']:.2f}", f"{d['per_request_tps']:.1f}",
+                      *(f"{r['ratios'][name]['median']:.2f}" for name in RATIOS), f"{d['per_request_tps']:.1f}",
                       same_tokens(r)])
     print(markdown(["at once", "default tok/s", "MTP off", f"g = {G}", "mlx-lm batched", "one after another",
-                    "default / off", "default / mlx-lm", "default / one after another", "per request (default)",
-                    "same tokens"], table))
+                    *RATIOS, "per request (default)", "same tokens"], table))
     print("\nTotal tok/s: every token over the wall time from the moment all the requests were sent (prompts "
-          "included); per request: each request's tokens after its first over its own time from first to last.")
+          "included); per request: each request's tokens after its first over its own time from first to last. "
+          "Each the median of the rounds; each ratio the median of the rounds' ratios.")
     if not all(r["same_tokens"]["mlx_lm"] for r in rows):
         print("mlx-lm's greedy tokens differ: it takes the argmax of log-probs rounded to the model's dtype, which "
               "flips near-ties (random weights' logits are flat; docs/benchmarks.md). Ours are the same with and "
@@ -192,3 +235,6 @@ def print_tables(rows) -> None:
     cost = [[r["concurrency"], "-" if r["step_cost"]["ratio"] is None else f"{r['step_cost']['ratio']:.2f}",
              "-" if r["step_cost"]["break_even"] is None else f"{r['step_cost']['break_even']:.2f}"] for r in rows]
     print(markdown(["rows", f"T(B, {G + 1}) / T(B, 1)", f"acceptance needed for g = {G} to pay"], cost))
+    print("\n" + markdown(["bar", "figure", "middle half of the rounds", "met"],
+                          [[b["bar"], f"{b['ratio']:.2f}", "{:.2f}-{:.2f}".format(*b["middle_half"]), "yes" if b["met"] else "NO"]
+                           for b in bars]))

@@ -119,40 +119,44 @@ def warm_up(engine, prompt, settings: SamplingSettings, drafter=None, prefills=N
 
 class ControlledDrafter(Drafter):
     """The real drafter runs (its cost is real) but its guesses are replaced by the target's
-    known continuation, each one broken with probability 1 - acceptance. With inner=None no
-    drafter runs: the guesses cost nothing, as prompt lookup's do when the text is a copy.
-    It reads the position only, so it is drafted ahead as the MTP drafter is."""
+    known continuation, in which each position is predictable with probability `acceptance`
+    (drawn once per position from `seed`): a guess for a predictable position is the reference
+    token, for another a wrong one. Like real text, what is predictable is a property of the
+    positions, the same for every draft length, so that runs with different lengths face the
+    same text (a draw per guess would give each length its own luck). With inner=None no
+    drafter runs: the guesses cost nothing, as prompt lookup's do when the text is a copy. It
+    reads the position only, so it is drafted ahead as the MTP drafter is."""
 
     drafts_ahead = True
 
     def __init__(self, inner, reference, vocab_size, acceptance, seed=0):
         self.inner, self.reference, self.vocab_size = inner, list(reference), vocab_size
         self.acceptance = acceptance
-        self.rng = np.random.default_rng(seed)
+        self.predictable = mx.array(np.random.default_rng(seed).random(len(self.reference)) < acceptance)
+        self._reference = mx.array(self.reference, mx.int32)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
         return run_through(self.draft_steps(context, g))
 
     def draft_steps(self, context: DraftContext, g: int):
-        """As the inner drafter works: a step per piece (see mlx_spec/pieces.py). The guesses
-        are read from the reference on the device, at a position the running cycle may still
-        be computing (a cycle drafted ahead)."""
-        keep = self.rng.random(g) < self.acceptance
-        guesses = self._guesses(context.device_position, keep)
+        """As the inner drafter works: a step per piece (see mlx_spec/drafting/pieces.py). The
+        guesses are read from the reference on the device, at a position the running cycle may
+        still be computing (a cycle drafted ahead)."""
+        guesses = self._guesses(context.device_position, g)
         if self.inner is None:
             return Draft(guesses, source="copy")
         drafted = yield from self.inner.draft_steps(context, g)
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
         return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)
 
-    def _guesses(self, position: mx.array, keep) -> mx.array:
-        if len(keep) == 0:
+    def _guesses(self, position: mx.array, g: int) -> mx.array:
+        if g == 0:
             return mx.zeros((0,), mx.int32)
-        if getattr(self, "_reference", None) is None:
-            self._reference = mx.array(self.reference, mx.int32)
-        where = position + 1 + mx.arange(len(keep))
-        right = mx.where(where < self._reference.size, mx.take(self._reference, mx.minimum(where, self._reference.size - 1)), 0)
-        return mx.where(mx.array(keep), right, (right + 1) % self.vocab_size).astype(mx.int32)
+        size = self._reference.size
+        where = mx.minimum(position + 1 + mx.arange(g), size - 1)
+        right = mx.take(self._reference, where)
+        keep = mx.take(self.predictable, where) & (position + 1 + mx.arange(g) < size)
+        return mx.where(keep, right, (right + 1) % self.vocab_size).astype(mx.int32)
 
 
 def cost_ratios(engine, prompt, draft_lengths, repeats=5, prefills=None):

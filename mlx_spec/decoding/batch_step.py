@@ -61,6 +61,11 @@ class Step:
     def arrays(self) -> list:
         return [a for m in self.stepping for a in m.cycle.arrays()]
 
+    @property
+    def shape(self) -> tuple:
+        """(rows, positions) of its pass: what its time depends on."""
+        return self.rows, self.positions
+
     def member(self, row) -> Optional[Member]:
         return next((m for m in self.members if m.row is row), None)
 
@@ -138,13 +143,15 @@ class StepBuilder:
         inputs = mx.concatenate([_padded(s.last, mx.clip(d.tokens, 0, vocab - 1), positions)
                                  for s, d in zip(starts, drafts)])
         logits, hidden = self.target.forward_batch(inputs, self.caches, offsets)
+        stepping = [b for b, ask in enumerate(asks) if ask.budget > 0]
+        verified = _verified(rows, starts, drafts, stepping, logits, positions)
         members = []
-        for b, (row, start, draft, asked, ask) in enumerate(zip(rows, starts, drafts, gs, asks)):
-            if ask.budget <= 0:
+        for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, gs)):
+            if b not in verified:
                 members.append(Member(row, None))
                 continue
             g = draft.tokens.shape[0]
-            kept, tokens, reports = row.decoder.builder.verify(start, logits[b, : g + 1], draft)
+            kept, tokens, reports = verified[b]
             members.append(Member(row, Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports)))
         return members, positions, stages
 
@@ -167,6 +174,39 @@ class StepBuilder:
         last = mx.concatenate([starts[b].last for b in rows])
         hidden = mx.concatenate([starts[b].hidden for b in rows])
         return last, hidden, positions, kv
+
+
+def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, positions: int) -> dict:
+    """{row index: (kept, tokens, reports)} for the stepping rows. Rows whose guesses are kept by
+    match and whose decoders verify alike (the same sampling settings and reports) are verified
+    together, in one compiled call over [rows, positions, V]: each row's guesses padded with -1
+    (no token), so that it keeps no more than its own, and each position's figures computed as
+    the row's own call computes them. A row whose drafter sampled its guesses (the ratio rule)
+    is verified alone."""
+    out, groups = {}, {}
+    for b in stepping:
+        builder = rows[b].decoder.builder
+        if drafts[b].q is not None:
+            g = drafts[b].tokens.shape[0]
+            out[b] = builder.verify(starts[b], logits[b, : g + 1], drafts[b])
+        else:
+            groups.setdefault(builder.verifier.key, []).append(b)
+    for members in groups.values():
+        verifier = rows[members[0]].decoder.builder.verifier
+        picked = logits if len(members) == logits.shape[0] else logits[mx.array(members)]
+        guesses = mx.stack([_padded_guesses(drafts[b].tokens, positions - 1) for b in members])
+        uniforms = mx.stack([rows[b].decoder.builder.target_uniforms(starts[b], positions) for b in members])
+        kept, tokens, reports = verifier.by_match(picked, guesses, uniforms)
+        for i, b in enumerate(members):
+            out[b] = (kept[i], tokens[i], {k: v[i] for k, v in reports.items()})
+    return out
+
+
+def _padded_guesses(guesses: mx.array, n: int) -> mx.array:
+    """[n]: the guesses, then -1 (which no token equals: nothing past a row's own is kept)."""
+    pad = n - guesses.shape[0]
+    guesses = guesses.astype(mx.int32)
+    return mx.concatenate([guesses, mx.full((pad,), -1, mx.int32)]) if pad else guesses
 
 
 class RowKV(Mapping):

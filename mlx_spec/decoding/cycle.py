@@ -131,6 +131,10 @@ class CycleBuilder:
             uniforms("target", g, 1)[0],
         )
 
+    def target_uniforms(self, start: Start, n: int) -> mx.array:
+        """The target's draws' uniforms for the cycle's first n output positions ([n, 2])."""
+        return start.uniforms(self.uniforms["target"], 0, n)
+
     def context(self, state: SequenceState, start: Start, g: int) -> DraftContext:
         """What a drafter reads for a cycle from `start`."""
         return DraftContext(

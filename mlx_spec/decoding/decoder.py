@@ -59,8 +59,8 @@ class Decoder:
         self.target = target
         self.settings = settings
         self.drafter = drafter
-        self.policy = DraftLength(0 if drafter is None else draft_tokens)
         self.lengths = lengths if lengths is not None else DraftLengths()
+        self.policy = DraftLength(0 if drafter is None else draft_tokens, prior=self.lengths.acceptance)
         self.report = report
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk

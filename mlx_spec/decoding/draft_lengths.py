@@ -26,11 +26,13 @@ climbs to the best measured length instead of stopping where the line pointed.
 
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from .policy import DraftLength, average, fit_line
+from .limits import MAX_DRAFT_TOKENS
+from .policy import AcceptanceStats, DraftLength, average, fit_line
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 2  # steps a neighbouring length is tried for a time (the first may trace, untimed)
 MIN_GAIN = 0.05  # expected tokens a row's guesses must add for it to draft beside rows that gain more
+PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 
 
 class Ask(NamedTuple):
@@ -44,6 +46,9 @@ class Ask(NamedTuple):
 class DraftLengths:
     def __init__(self, decay: float = 0.92):
         self.decay = decay
+        # How guesses fare on this engine, pooled over its requests: where each request's own
+        # statistics start (policy.py).
+        self.acceptance = AcceptanceStats(MAX_DRAFT_TOKENS, PRIOR_DECAY)
         self.seconds: Dict[Tuple[int, int], float] = {}  # (rows, positions) -> a step's time
         self.timed: Dict[Tuple[int, int], int] = {}
         self.explored: Dict[Tuple[int, int], int] = {}

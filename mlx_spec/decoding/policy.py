@@ -7,10 +7,12 @@ Every request (a row of a batch, or a generation alone: a batch of one) holds a 
   kept when the guesses before it were. E(g) = 1 + a1 + a1 a2 + ... is the tokens a cycle with
   g guesses is expected to settle.
 
-While an adaptive request drafts nothing, a short probe now and then (as often as costs about
-1% of the time) notices when guessing pays again. A request's first cycles are a probe too:
-two guesses, four times as many each time all are kept, until one misses (so a run where
-everything is kept reaches its best length in two cycles). Each probe in a row that keeps
+A request's acceptance starts from the engine's (every request on it adds to it), worth a few
+observations of its own. While an adaptive request drafts nothing, a short probe now and then
+(as often as costs about 1% of the time) notices when guessing pays again. On an engine that
+has seen no guess judged yet, a request's first cycles are a probe too: two guesses, four times
+as many each time all are kept, until one misses (so a run where everything is kept reaches its
+best length in two cycles). Each probe in a row that keeps
 nothing doubles the wait before the next, up to MAX_PROBE_INTERVAL plain cycles (a second or
 two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while
 the cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its
@@ -29,14 +31,35 @@ PROBE_WEIGHT = 0.3  # at least this weight for a probe's news (rare news about c
 
 class AcceptanceStats:
     """a_i: how often guess i was kept when every guess before it was, as moving averages
-    (a plain mean over the first observations). A guess position never judged is assumed to do
-    as well as the deepest one that was (0.5 before any), so longer drafts get tried when
-    short ones all pass."""
+    (a plain mean over the first observations).
+
+    A guess position never judged is assumed to do as well as the deepest one that was (0.5
+    before any), so longer drafts get tried when short ones all pass.
+
+    A request's statistics start from a prior (`from_prior`): the engine's own, pooled over every
+    request on it, worth PRIOR_WEIGHT observations of each position it has judged, so that one
+    unlucky first cycle does not set a request's acceptance to nothing (and stop its drafting
+    for a hundred cycles), and a request on an engine whose requests keep their guesses drafts
+    long from its first cycle."""
+
+    PRIOR_WEIGHT = 4
 
     def __init__(self, max_g: int, decay: float = 0.92):
         self.decay = decay
         self.acceptance: List[float] = [0.5] * max_g
         self.judged: List[int] = [0] * max_g
+
+    @classmethod
+    def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
+        stats = cls(len(prior.acceptance), decay)
+        for i, n in enumerate(prior.judged):
+            if n:
+                stats.acceptance[i], stats.judged[i] = prior.acceptance[i], min(n, cls.PRIOR_WEIGHT)
+        return stats
+
+    @property
+    def judged_any(self) -> bool:
+        return any(self.judged)
 
     def observe(self, g: int, kept: int, weight: Optional[float] = None) -> None:
         """A cycle with g guesses kept its first `kept`. `weight`: at least this much weight for
@@ -67,7 +90,6 @@ class AcceptanceStats:
             out.append(total)
         return out
 
-
 def average(old: float, new: float, count: int, decay: float, weight: Optional[float] = None) -> float:
     """A plain mean over the first observations, a moving average after them."""
     weight = max(1.0 / count, weight or 1 - decay)
@@ -78,13 +100,18 @@ class DraftLength:
     """A request's draft length: `fixed` guesses every cycle, or adaptive (fixed=None)."""
 
     def __init__(self, fixed: Optional[int] = None, max_g: int = ADAPTIVE_MAX_G, first_probe: int = FIRST_PROBE,
-                 probe_g: int = 1, decay: float = 0.92):
+                 probe_g: int = 1, decay: float = 0.92, prior: Optional[AcceptanceStats] = None):
+        """prior: the engine's acceptance, pooled over its requests (draft_lengths.py): this
+        request starts from it, and adds to it what it observes."""
         self.fixed = fixed
         self.max_g = max_g if fixed is None else fixed
-        self.stats = AcceptanceStats(MAX_DRAFT_TOKENS, decay)
+        known = prior is not None and prior.judged_any
+        self.stats = AcceptanceStats.from_prior(prior, decay) if known else AcceptanceStats(MAX_DRAFT_TOKENS, decay)
+        self.prior = prior
         self.probe_g = min(probe_g, self.max_g)
-        # g of the probe in progress (0: none); the first cycles are one.
-        self.probe = min(first_probe, self.max_g) if fixed is None else 0
+        # g of the probe in progress (0: none). Where the engine knows nothing of how guesses
+        # fare yet, the first cycles are one.
+        self.probe = min(first_probe, self.max_g) if fixed is None and not known else 0
         # Whether the probe was handed out and has not settled yet (the next cycle is chosen
         # while the current one runs: it must not probe twice for one).
         self.probe_out = False
@@ -135,6 +162,8 @@ class DraftLength:
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
         probing = asked > 0 and asked == self.probe
         self.stats.observe(g, kept, PROBE_WEIGHT if probing else None)
+        if self.prior is not None:
+            self.prior.observe(g, kept)
         if asked > 0 and self.adaptive:
             # A probe that kept everything is followed by a longer one; a miss ends probing.
             self.probe = min(4 * g, self.max_g) if probing and kept == g == asked and g < self.max_g else 0

@@ -26,9 +26,15 @@ class Verifier:
         # The seed only picks the uniforms, which are inputs: it is no part of a graph.
         self.settings, self.report, self.traces = settings.unseeded(), report, traces
 
+    @property
+    def key(self) -> tuple:
+        """What its graphs depend on: verifiers with equal keys verify alike (and may verify
+        several sequences' positions in one call: [rows, positions, V])."""
+        return self.settings, self.report
+
     def by_match(self, logits: mx.array, guesses: mx.array, uniforms: mx.array):
         """(kept, tokens, reports) for deterministic guesses (see `sampling.accept_by_match`).
-        logits: [g + 1, V]; guesses: [g]; uniforms: [g + 1, 2]."""
+        logits: [..., g + 1, V]; guesses: [..., g]; uniforms: [..., g + 1, 2]."""
         return self._compiled("match", logits, guesses, uniforms)
 
     def by_ratio(self, logits, guesses, q, accept_uniforms, residual_uniforms, bonus_uniform):
