@@ -60,6 +60,8 @@ class DraftLengths:
             if policy is None or budget <= 0:
                 continue
             cap = policy.cap(budget)
+            if policy.first and cap and self.fastest(batch, [(i, policy, cap)]) > 0:
+                policy.skip_first_probe()  # the engine's acceptance already drafts: no need to probe
             probe = policy.probe_due(self._probe_every(policy, batch)) if policy.adaptive else 0
             if not policy.adaptive or probe:
                 gs[i] = min(probe, cap) if probe else cap

@@ -9,10 +9,10 @@ Every request (a row of a batch, or a generation alone: a batch of one) holds a 
 
 A request's acceptance starts from the engine's (every request on it adds to it), worth a few
 observations of its own. While an adaptive request drafts nothing, a short probe now and then
-(as often as costs about 1% of the time) notices when guessing pays again. On an engine that
-has seen no guess judged yet, a request's first cycles are a probe too: two guesses, four times
-as many each time all are kept, until one misses (so a run where everything is kept reaches its
-best length in two cycles). Each probe in a row that keeps
+(as often as costs about 1% of the time) notices when guessing pays again. A request's first
+cycles are a probe too: two guesses, four times as many each time all are kept, until one
+misses (so a run where everything is kept reaches its best length in two cycles, whatever the
+engine's earlier requests kept). Each probe in a row that keeps
 nothing doubles the wait before the next, up to MAX_PROBE_INTERVAL plain cycles (a second or
 two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while
 the cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its
@@ -109,9 +109,11 @@ class DraftLength:
         self.stats = AcceptanceStats.from_prior(prior, decay) if known else AcceptanceStats(MAX_DRAFT_TOKENS, decay)
         self.prior = prior
         self.probe_g = min(probe_g, self.max_g)
-        # g of the probe in progress (0: none). Where the engine knows nothing of how guesses
-        # fare yet, the first cycles are one.
-        self.probe = min(first_probe, self.max_g) if fixed is None and not known else 0
+        # g of the probe in progress (0: none). The first cycles are one where the engine's
+        # acceptance alone would not draft (draft_lengths.py asks `first_probe_due`): a request's
+        # own content may be far easier to guess than the engine's recent ones.
+        self.probe = min(first_probe, self.max_g) if fixed is None else 0
+        self.first = self.probe > 0  # the first probe is still to come
         # Whether the probe was handed out and has not settled yet (the next cycle is chosen
         # while the current one runs: it must not probe twice for one).
         self.probe_out = False
@@ -137,6 +139,12 @@ class DraftLength:
     def handed_out(self, g: int) -> None:
         """The probe went out with g guesses (none: the budget left no room, it is still due)."""
         self.probe_out = self.probe_out or g > 0
+        self.first = self.first and g == 0
+
+    def skip_first_probe(self) -> None:
+        """The request drafts from its first cycle on the engine's acceptance: no probe first."""
+        if self.first:
+            self.first, self.probe = False, 0
 
     def probe_every(self, plain: Optional[float], probing: Optional[float]) -> int:
         """Plain cycles between probes, so that probing costs about PROBE_OVERHEAD of the time:
