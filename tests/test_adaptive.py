@@ -9,7 +9,6 @@ import tiny
 from mlx_spec import load
 from mlx_spec.decoding.draft_lengths import Ask, DraftLengths
 from mlx_spec.decoding.policy import DraftLength
-from mlx_spec.decoding.sequence import SequenceState
 from scripted import ScriptedDrafter
 
 LONG = 200
@@ -194,6 +193,30 @@ def test_probes_that_keep_nothing_back_off():
     assert 3000 // (MAX_PROBE_INTERVAL + 1) <= probes < fixed / 2 and policy.policy.backoff > 1
     probes_in(policy, 2 * MAX_PROBE_INTERVAL, acceptance=1.0)
     assert policy.policy.backoff == 1
+
+
+def test_rows_of_a_batch_probe_in_shared_steps():
+    """Eight rows whose guesses are never kept, joining a batch one every ten steps: a probe step
+    costs every row, so the rows whose probes are near go out together, and a new row's first
+    probe waits for one (a generation alone probes at once). Over 2,000 steps the probe steps
+    are far fewer than the rows' probes, every row still probes, and the rows fall into step."""
+    lengths = DraftLengths()
+    for positions, ms in ((1, 10.0), (2, 17.0), (3, 24.0)):  # a batch of 8 on this CPU, roughly
+        lengths.observe(8, positions, ms / 1000)
+    rows = []
+    probe_steps, probes = 0, [0] * 8
+    for step in range(2000):
+        if step % 10 == 0 and len(rows) < 8:
+            rows.append(DraftLength())
+        asks = [Ask(p, 100) for p in rows] + [Ask(None, 0)] * (8 - len(rows))  # the storage's 8 rows
+        gs = lengths.choose(asks)[: len(rows)]
+        probe_steps += any(gs)
+        for i, (policy, g) in enumerate(zip(rows, gs)):
+            probes[i] += g > 0
+            policy.observe(g, 0)
+    assert min(probes) >= 2 and probe_steps < sum(probes) / 3, (probe_steps, probes)
+    alone = DraftLength()
+    assert lengths.choose([Ask(alone, 100)])[0] == 2  # alone: its first probe at once
 
 
 def test_policy_respects_the_budget():

@@ -13,7 +13,8 @@ Each row brings its own acceptance (`DraftLength`, policy.py), so row b expects 
 g guesses. The step drafts the g that maximises the batch's expected tokens per second,
 sum_b E_b(g_b) / T(B, g + 1), g_b being g capped by the row's budget, T never below a shorter
 draft's measured time (noise must not make a longer draft look cheaper). A row with a fixed
-length drafts that, a row without a drafter none, a row whose probe is due its probe; and beside
+length drafts that, a row without a drafter none, a row whose probe is due its probe (with the
+rows whose probes are nearly due: policy.py); and beside
 rows that gain from the drafts, a row whose own gain is next to nothing drafts none (its probes
 keep watching). So a row may draft 0 beside rows that draft 6, and where the pass becomes
 compute-bound as the batch grows (T grows with L), drafting stops by itself.
@@ -27,7 +28,7 @@ climbs to the best measured length instead of stopping where the line pointed.
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
-from .policy import AcceptanceStats, DraftLength, average, fit_line
+from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 2  # steps a neighbouring length is tried for a time (the first may trace, untimed)
@@ -56,19 +57,24 @@ class DraftLengths:
     def choose(self, asks: List[Ask]) -> List[int]:
         """Each row's g for the next step of these rows (probes handed out are marked so)."""
         batch, gs, deciders = len(asks), [0] * len(asks), []
+        stepping = sum(a.budget > 0 for a in asks)
+        wanted = {}
         for i, (policy, budget) in enumerate(asks):
             if policy is None or budget <= 0:
                 continue
             cap = policy.cap(budget)
             if policy.first and cap and self.fastest(batch, [(i, policy, cap)]) > 0:
                 policy.skip_first_probe()  # the engine's acceptance already drafts: no need to probe
-            probe = policy.probe_due(self._probe_every(policy, batch)) if policy.adaptive else 0
-            if not policy.adaptive or probe:
-                gs[i] = min(probe, cap) if probe else cap
-                if probe:
-                    policy.handed_out(gs[i])
+            if not policy.adaptive:
+                gs[i] = cap
                 continue
+            wanted[i] = policy.probe_wanted(self._probe_every(policy, batch), alone=stepping == 1)
             deciders.append((i, policy, cap))
+        if DUE in wanted.values():  # one probe step, shared by every row whose probe is near
+            for i, policy, cap in [d for d in deciders if wanted[d[0]]]:
+                gs[i] = min(policy.take_probe(), cap)
+                policy.handed_out(gs[i])
+            deciders = [d for d in deciders if not wanted[d[0]]]
         if deciders:
             others = [(a.policy, gs[i]) for i, a in enumerate(asks) if a.budget > 0 and i not in {d[0] for d in deciders}]
             for (i, policy, cap), g in zip(deciders, self._best(batch, deciders, others)):

@@ -12,7 +12,10 @@ observations of its own. While an adaptive request drafts nothing, a short probe
 (as often as costs about 1% of the time) notices when guessing pays again. A request's first
 cycles are a probe too: two guesses, four times as many each time all are kept, until one
 misses (so a run where everything is kept reaches its best length in two cycles, whatever the
-engine's earlier requests kept). Each probe in a row that keeps
+engine's earlier requests kept). In a batch, a step's cost is paid by every row, however
+many of them probe in it: rows' probes that are nearly due go out together with one that is
+due, and a new row's first probe waits for one (and in sharing a step the rows' probe clocks
+fall into step). Each probe in a row that keeps
 nothing doubles the wait before the next, up to MAX_PROBE_INTERVAL plain cycles (a second or
 two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while
 the cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its
@@ -27,6 +30,7 @@ MAX_PROBE_INTERVAL = 128  # plain cycles
 FIRST_PROBE = 2  # guesses of a request's first cycle
 PROBE_OVERHEAD = 0.01  # the share of the time probing may cost
 PROBE_WEIGHT = 0.3  # at least this weight for a probe's news (rare news about content that may have changed)
+READY, DUE = 1, 2  # a row's probe may go out in a step another row probes in; must go out now
 
 
 class AcceptanceStats:
@@ -128,11 +132,23 @@ class DraftLength:
         """The most guesses a cycle may draft with `budget` tokens to go (it settles up to g + 1)."""
         return max(0, min(self.max_g, budget - 1))
 
-    def probe_due(self, every: int) -> int:
-        """The probe's length if one is to be handed out now (0: none), `every` being the plain
-        cycles between probes (`probe_every`)."""
-        if not self.adaptive or self.probe_out or not (self.probe or self.plain_streak >= every):
+    def probe_wanted(self, every: int, alone: bool) -> int:
+        """DUE: a probe is to go out now; READY: it may go out with another row's, sharing its
+        step (a probe's cost is its step's, paid by every row of the batch, however many rows
+        probe in it); 0: none. `every`: the plain cycles between probes (`probe_every`);
+        `alone`: no other row to share a step with. A first probe is due at once alone, else
+        ready until `every` plain cycles; a periodic one ready from half its interval; the
+        longer probe after one that kept everything due at once."""
+        if not self.adaptive or self.probe_out:
             return 0
+        if self.first:
+            return DUE if alone or self.plain_streak >= every else READY
+        if self.probe or self.plain_streak >= every:
+            return DUE
+        return READY if 2 * self.plain_streak >= every else 0
+
+    def take_probe(self) -> int:
+        """The length of the probe to hand out (a periodic one: `probe_g`)."""
         self.probe = self.probe or self.probe_g
         return self.probe
 
