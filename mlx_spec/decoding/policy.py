@@ -114,7 +114,7 @@ class DraftLength:
         self.prior = prior
         self.probe_g = min(probe_g, self.max_g)
         # g of the probe in progress (0: none). The first cycles are one where the engine's
-        # acceptance alone would not draft (draft_lengths.py asks `first_probe_due`): a request's
+        # acceptance alone would not draft (draft_lengths.py calls `skip_first_probe` where it would): a request's
         # own content may be far easier to guess than the engine's recent ones.
         self.probe = min(first_probe, self.max_g) if fixed is None else 0
         self.first = self.probe > 0  # the first probe is still to come
