@@ -93,6 +93,38 @@ def test_a_neighbour_is_tried_a_bounded_number_of_times_while_untimed():
     assert chosen.count(7) == EXPLORE_TRIES and chosen[-1] == 8
 
 
+def test_the_neighbours_steps_are_timed_in_a_real_run(engine, prompt, reference, monkeypatch):
+    """A step is timed only between two steps of its shape (batch.py): a neighbouring length is
+    tried for enough steps in a row that one of them is. With every guess kept, the loop drafts
+    8 and times 7 beside it, in the loop's own timing, not a modelled one."""
+    monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.0, seed=2)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
+    assert result.tokens == reference[len(prompt) :]
+    assert max(result.stats.cycles_by_g, key=result.stats.cycles_by_g.get) == 8
+    assert {(1, 9), (1, 8)} <= set(engine.draft_lengths.seconds), engine.draft_lengths.table()
+
+
+def test_a_position_only_the_prior_judged_is_no_worse_than_the_request_s_own():
+    """The engine's figure for a deep guess may be stale (its requests drafted short) or another
+    content's: a request that keeps every short guess counts the deeper ones as good as its own
+    deepest, so that it tries a longer draft and finds out; once it has judged them itself, its
+    own figures count."""
+    from mlx_spec.decoding.policy import AcceptanceStats
+
+    pooled = AcceptanceStats(8)
+    for _ in range(20):
+        pooled.observe(3, 1)  # the engine's requests: the first guess kept, the second not
+    request = DraftLength(prior=pooled)
+    assert request.stats.rates(3)[1] < 0.1  # before it judges anything: the engine's figures
+    for _ in range(10):
+        request.observe(1, 1)  # one guess a cycle, always kept
+    assert request.stats.rates(3)[1] == request.stats.rates(3)[0] > 0.9
+    for _ in range(10):
+        request.observe(2, 1)  # its own second guesses: never kept
+    assert request.stats.rates(3)[1] < 0.5
+
+
 def test_a_plain_cycle_never_looks_free():
     """Two short drafts timed with noise (g = 2 fast, g = 3 slow) tilt the line through them
     below zero at g = 0: the prior bounds it there, and with every guess kept the policy drafts."""

@@ -31,7 +31,7 @@ from .limits import MAX_DRAFT_TOKENS
 from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
-EXPLORE_TRIES = 2  # steps a neighbouring length is tried for a time (the first may trace, untimed)
+EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
 MIN_GAIN = 0.05  # expected tokens a row's guesses must add for it to draft beside rows that gain more
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 

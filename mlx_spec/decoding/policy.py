@@ -44,7 +44,10 @@ class AcceptanceStats:
     request on it, worth PRIOR_WEIGHT observations of each position it has judged, so that one
     unlucky first cycle does not set a request's acceptance to nothing (and stop its drafting
     for a hundred cycles), and a request on an engine whose requests keep their guesses drafts
-    long from its first cycle."""
+    long from its first cycle. A position only the prior has judged counts as no worse than the
+    deepest one this request has judged itself: the engine's figure for it may be stale (its
+    requests drafted short) or another content's, and a request that keeps every short draft
+    must still try a longer one to find out."""
 
     PRIOR_WEIGHT = 4
 
@@ -52,6 +55,7 @@ class AcceptanceStats:
         self.decay = decay
         self.acceptance: List[float] = [0.5] * max_g
         self.judged: List[int] = [0] * max_g
+        self.own: List[int] = [0] * max_g  # judged by this request itself (not the prior)
 
     @classmethod
     def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
@@ -70,14 +74,18 @@ class AcceptanceStats:
         the news."""
         for i in range(min(g, kept + 1, len(self.acceptance))):  # guess i was judged: all before it were kept
             self.judged[i] += 1
+            self.own[i] += 1
             self.acceptance[i] = average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], self.decay, weight)
 
     def rates(self, g: int) -> List[float]:
-        """a_1 .. a_g as the predictions use them (unjudged positions as the deepest judged)."""
-        out, last = [], 0.5
+        """a_1 .. a_g as the predictions use them (unjudged positions as the deepest judged; those
+        the prior alone judged no lower than the deepest this request judged)."""
+        out, last, own_last = [], 0.5, 0.0
         for i in range(g):
-            if self.judged[i]:
-                last = self.acceptance[i]
+            if self.own[i]:
+                last = own_last = self.acceptance[i]
+            elif self.judged[i]:
+                last = max(self.acceptance[i], own_last)
             out.append(last)
         return out
 
