@@ -5,6 +5,7 @@ Data flows one way: Engine -> Generation -> Decoder -> (drafter, target, caches,
 `mlx_spec.load` (loading.py) makes one from checkpoints.
 """
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -14,6 +15,7 @@ from .decoding.prompt_cache import PromptCache
 from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
 from .errors import SettingsError
 from .decoding.draft_lengths import DraftLengths
+from .decoding.lockstep import Lockstep
 from .generation import Generation, GenerationResult
 from .media.items import Prepared
 from .media.prompt import has_media
@@ -30,26 +32,33 @@ Prompt = Union[str, Sequence[int], Sequence[Dict[str, Any]], Prepared]
 class Engine:
     """A target, its drafter and their text and media sides. Create it with `mlx_spec.load`."""
 
-    def __init__(self, pair: ModelPair, text: TextSide, media: Optional[MediaSide] = None):
+    def __init__(self, pair: ModelPair, text: TextSide, media: Optional[MediaSide] = None,
+                 lockstep: Optional[Lockstep] = None):
+        """lockstep: the group this engine's target is split over (decoding/lockstep.py);
+        none: this process alone."""
         self.pair, self.text = pair, text
+        self.lockstep = lockstep or Lockstep()
         self.media = media if media is not None else MediaSide(pair.target_path, pair.target_config,
                                                               pair.family.load_media)
         self.mtp_drafter = MTPDrafter(pair.assistant, pair.target) if pair.assistant is not None else None
         self.lookup = PromptLookup()
         # What a step costs, by rows and positions: learnt once for this engine, by every
         # generation on it, alone or batched (decoding/draft_lengths.py).
-        self.draft_lengths = DraftLengths()
+        self.draft_lengths = DraftLengths(lockstep=self.lockstep)
 
     @classmethod
-    def of(cls, target, assistant=None, tokenizer=None, stop_tokens: Sequence[int] = (), family=None) -> "Engine":
+    def of(cls, target, assistant=None, tokenizer=None, stop_tokens: Sequence[int] = (), family=None,
+           lockstep: Optional[Lockstep] = None) -> "Engine":
         """An engine over a target (and drafter) made in memory, as the benchmarks' random-weight
-        models are; `family` is the registry's default (Gemma 4) unless given."""
+        models are; `family` is the registry's default (Gemma 4) unless given; `lockstep`: the
+        group the pair was split over (its family's `split`)."""
         family = family or FAMILIES.default
-        return cls(ModelPair(family, target, assistant), TextSide(tokenizer, stop_tokens, family.chat_format))
+        return cls(ModelPair(family, target, assistant), TextSide(tokenizer, stop_tokens, family.chat_format),
+                   lockstep=lockstep)
 
     def with_stop_tokens(self, stop_tokens: Sequence[int]) -> "Engine":
         """This engine's models and media with exactly these stop tokens."""
-        engine = Engine(self.pair, self.text.with_stop_tokens(stop_tokens), self.media)
+        engine = Engine(self.pair, self.text.with_stop_tokens(stop_tokens), self.media, self.lockstep)
         engine.mtp_drafter, engine.lookup, engine.draft_lengths = self.mtp_drafter, self.lookup, self.draft_lengths
         return engine
 
@@ -123,7 +132,10 @@ class Engine:
             if options.mtp and self.mtp_drafter is None:
                 raise SettingsError("MTP needs a drafter, and none was loaded; pass mtp=False")
             drafter = self._default_drafter(options.lookup)
-        return Decoder(self.target, options.sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
+        sampling = options.sampling
+        if sampling.seed is None and self.lockstep.size > 1:  # every rank must draw the same uniforms
+            sampling = replace(sampling, seed=self.lockstep.seed())
+        return Decoder(self.target, sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
                        lengths=self.draft_lengths)
 
     def _default_drafter(self, lookup: bool) -> Optional[Drafter]:

@@ -44,3 +44,8 @@ class PromptStopped(MlxSpecError):
     def __init__(self, processed: int):
         self.processed = processed
         super().__init__(f"the prompt was stopped after {processed} of its tokens went through")
+
+
+class GroupError(MlxSpecError):
+    """A group of processes (mlx.launch) that cannot start or has lost a rank: the run ends
+    with this rather than waiting on a rank that will never answer."""

@@ -4,6 +4,7 @@
 from pathlib import Path
 from typing import Optional, Tuple
 
+from .decoding.lockstep import Lockstep
 from .engine import Engine
 from .errors import LoadError
 from .media.side import MediaSide
@@ -28,6 +29,7 @@ def load(
     force: bool = False,
     media: bool = False,
     registry: Registry = FAMILIES,
+    group=None,
 ) -> Engine:
     """Load a target and (unless `drafter` is None) its MTP drafter.
 
@@ -38,13 +40,20 @@ def load(
     encoders now (by default, with the first prompt that has media: text prompts never pay for
     them). Before anything is downloaded, the memory the pair needs with `context` tokens is
     compared with this machine's; `force=True` loads it anyway. `registry`: the model families
-    known (a caller's own family: `FAMILIES.with_family(...)`). Raises `LoadError` with a
-    message naming the problem.
+    known (a caller's own family: `FAMILIES.with_family(...)`). `group`: an
+    `mlx.core.distributed.Group` of more than one process (as `mlx.launch` starts them) splits
+    the target over it, tensor-parallel, each rank reading its own shard of the weights; every
+    rank must then make the same calls. Raises `LoadError` with a message naming the problem.
     """
     model, drafter = resolve_names(model, drafter, registry)
-    check_memory(model, None if drafter == AUTO else drafter, context, force, registry)
+    lockstep = Lockstep(group if group is not None and group.size() > 1 else None)
+    check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
+    if lockstep.size > 1:
+        if family.split is None:
+            raise LoadError(f"target {target_checkpoint.path}: the {family.name} family cannot be split over a group")
+        family.check_split(target_checkpoint.config, lockstep.size, target_checkpoint.path)
     target = family.load_target(target_checkpoint)
     if drafter == AUTO:
         drafter = family.drafter_for(target_checkpoint)
@@ -56,11 +65,14 @@ def load(
                             f"which the target {target_checkpoint.path} is of")
         assistant = family.load_drafter(drafter_checkpoint, drafter_bits, drafter_mode)
         family.check_pair(target, assistant, drafter_checkpoint.path)
+    if lockstep.size > 1:
+        family.split(target, assistant, lockstep.group)
+    evaluate_weights(target)
     tokenizer = load_tokenizer(target_checkpoint)
     text = TextSide(tokenizer, stop_token_ids(target_checkpoint, tokenizer), family.chat_format,
                     target_checkpoint.path)
     pair = ModelPair(family, target, assistant, target_checkpoint, drafter_checkpoint)
-    engine = Engine(pair, text, MediaSide(target_checkpoint.path, target_checkpoint.config, family.load_media))
+    engine = Engine(pair, text, MediaSide(target_checkpoint.path, target_checkpoint.config, family.load_media), lockstep)
     if media:
         engine.media.load()
     return engine
@@ -81,3 +93,17 @@ def resolve_names(model: str, drafter: Optional[str], registry: Registry = FAMIL
 
 def _is_folder(name: str) -> bool:
     return Path(name).expanduser().exists()  # a folder of a size's name wins over the name
+
+
+def evaluate_weights(target) -> None:
+    """Read the target's weights now, a layer at a time (its loader leaves them lazy, so that a
+    rank of a group keeps only its shard: each tensor is read whole and cut, and no more than a
+    layer's whole tensors are held at once): a load's errors and its time belong to the load."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    pieces = {}
+    for name, array in tree_flatten(target.model.parameters()):
+        pieces.setdefault(name.split(".layers.")[-1].split(".")[0] if ".layers." in name else name, []).append(array)
+    for arrays in pieces.values():
+        mx.eval(arrays)

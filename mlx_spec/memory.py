@@ -60,13 +60,19 @@ def kv_cache_bytes(config: Mapping[str, Any], context: int, registry: Registry =
 
 
 def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT,
-             registry: Registry = FAMILIES) -> Optional[Estimate]:
+             registry: Registry = FAMILIES, ranks: int = 1) -> Optional[Estimate]:
     """Weights + K/V cache of a pair (hub ids or folders), without downloading any weights;
-    None where the sizes cannot be known (offline and not downloaded yet)."""
+    None where the sizes cannot be known (offline and not downloaded yet). `ranks`: the target
+    split over a group of that many processes, one rank's share (its family's `rank_share`)."""
     weights, config = _files_and_config(target, registry)
     kv_cache = kv_cache_bytes(config, context, registry) if config is not None else None
     if weights is None or kv_cache is None:
         return None
+    if ranks > 1:
+        family = registry.family_for_config(config) or registry.default
+        if family.rank_share is not None:
+            weight_share, cache_share = family.rank_share(config, ranks)
+            weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
     if drafter is not None:
         drafter_weights, _ = _files_and_config(drafter, registry)
         if drafter_weights is None:
@@ -131,15 +137,16 @@ def _hub_config(repo_id: str, registry: Registry) -> Optional[dict]:
 
 
 def check(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT, force: bool = False,
-          registry: Registry = FAMILIES) -> Optional[Estimate]:
+          registry: Registry = FAMILIES, ranks: int = 1) -> Optional[Estimate]:
     """Raise a LoadError when the pair needs more memory than this machine has,
-    unless `force`. Returns the estimate (None when it cannot be made)."""
-    needed = estimate(target, drafter, context, registry)
+    unless `force`. Returns the estimate (None when it cannot be made). `ranks`: one rank's
+    share of a target split over a group (each rank checks its own machine)."""
+    needed = estimate(target, drafter, context, registry, ranks)
     if needed is None or force:
         return needed
     have = available_bytes()
     if needed.total > have:
-        pair = target + (f" + {drafter}" if drafter else "")
+        pair = target + (f" + {drafter}" if drafter else "") + (f" (one rank's share of {ranks})" if ranks > 1 else "")
         raise LoadError(
             f"target {target}: {pair} needs about {needed.describe()}, and this machine has "
             f"{have / GB:.1f} GB for it; choose a smaller model or context, or pass force=True "

@@ -153,7 +153,8 @@ def test_generate_json_lines(checkpoints):
         assert set(t) == {"token", "text", "raw", "channel", "prob", "rank", "sampling_prob", "candidates", "top", "drafted", "cycle"}
         assert len(t["top"]) == 5 and set(t["top"][0]) == {"id", "prob", "text"}
         assert 1 <= t["candidates"] <= 20
-    assert set(summary) == {"stats", "text", "thinking", "finish_reason", "tool_calls"}
+    assert set(summary) == {"stats", "text", "thinking", "finish_reason", "tool_calls", "group"}
+    assert summary["group"] == {"size": 1, "rank": 0}  # a process alone (docs/distributed.md)
     assert summary["stats"]["generated_tokens"] == len(tokens)
     assert summary["stats"]["host_syncs"] == summary["stats"]["cycles"]
 

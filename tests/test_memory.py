@@ -136,3 +136,32 @@ def test_before_downloading_the_hub_listing_and_the_published_config_are_used(mo
         load("31b")
     monkeypatch.setattr(memory, "available_bytes", lambda: 64 * 10**9)
     assert memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter) is not None
+
+
+def test_one_rank_of_a_group_counts_its_share(monkeypatch):
+    """The 31B in bf16 (62.5 GB of files) does not fit one 48 GB Mac (about 36 GB for the GPU),
+    and reads as fitting on each of two: a rank holds half of the split weights (heads, MLP,
+    K/V heads) and the whole of the rest (embeddings), half of the K/V cache."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    from mlx_spec.models.gemma4.tensor_parallel import rank_share
+
+    listing = {FAMILY["31b"].target: [("model-00001-of-00002.safetensors", 31_250_000_000),
+                                      ("model-00002-of-00002.safetensors", 31_250_000_000)],
+               FAMILY["31b"].drafter: [("model.safetensors", 9 * 10**8)]}
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo_id, files_metadata=False: SimpleNamespace(
+        siblings=[SimpleNamespace(rfilename=f, size=n) for f, n in listing[repo_id]]))
+    monkeypatch.setattr(memory, "available_bytes", lambda: 36 * 10**9)
+    with pytest.raises(LoadError, match="needs about"):
+        memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter)
+    share = memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter, ranks=2)
+    whole = memory.estimate(FAMILY["31b"].target, FAMILY["31b"].drafter)
+    weights, cache = rank_share(FAMILY["31b"].text, 2)
+    assert 0.5 < weights < 0.55 and cache == 0.5  # the embeddings (1.4B of 31B parameters) stay whole
+    assert share.weights == int(62_500_000_000 * weights) + 9 * 10**8 and share.kv_cache == whole.kv_cache // 2
+    assert share.total < 36 * 10**9 < whole.total
+    with pytest.raises(LoadError, match=r"one rank's share of 2"):
+        monkeypatch.setattr(memory, "available_bytes", lambda: 20 * 10**9)
+        memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter, ranks=2)

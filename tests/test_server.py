@@ -212,6 +212,7 @@ def test_errors_are_the_clients_own_types(server, client, model):
     # None of it left a mark: the next answer is right.
     assert client.chat.completions.create(model=model, messages=ask("Hi"), max_tokens=5).choices[0].message.content is not None
     assert server.health()["running"] == 0
+    assert server.health()["group"] == {"size": 1, "rank": 0}  # a process alone (distributed.md)
 
 
 def test_growing_conversation_processes_only_what_is_new(client, model, engine):

@@ -8,9 +8,10 @@ from typing import List, Optional
 
 import click
 
-from ..errors import LoadError, SettingsError
+from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
+from .group import follow_quietly, group_faults, launched_group
 from .terminal import TokenPrinter, stats_line
 
 
@@ -29,8 +30,10 @@ def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lo
     """Chat with Gemma 4; the KV cache is kept across turns."""
     options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking,
                            image_tokens=image_tokens)
-    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
-    run_chat(engine, engine.chat(system_prompt=system_prompt, options=options), show_probs)
+    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=launched_group())
+    follow_quietly(engine)
+    with group_faults(engine):
+        run_chat(engine, engine.chat(system_prompt=system_prompt, options=options), show_probs)
 
 
 @cli.command()
@@ -49,29 +52,36 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
                            image_tokens)
     if raw and (images or clips):
         raise SettingsError("--image and --audio need the chat template: leave out --raw")
+    group = launched_group()
     if prompt is None or prompt == "-":
+        if group is not None:  # mlx.launch forwards standard input to every rank, but never its end
+            raise SettingsError("under mlx.launch, give the prompt with --prompt (standard input never ends there)")
         prompt = sys.stdin.read()
-    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp)
+    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=group)
+    prints = follow_quietly(engine)
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     request = prompt if raw else messages + [{"role": "user", "content": media_parts(images, clips) + [
         {"type": "text", "text": prompt}]}]
     printer = TokenPrinter(False, sys.stdout.isatty())
-    generation = engine.stream(request, options)
-    for report in generation:
-        if as_json:
-            click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
-        else:
-            printer.print(report)
+    with group_faults(engine):
+        generation = engine.stream(request, options)
+        for report in generation:
+            if as_json:
+                click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+            else:
+                printer.print(report)
     result = generation.result
     if as_json:
         summary = {
             "stats": result.stats.to_dict(), "text": result.text, "thinking": result.thinking,
             "finish_reason": result.finish_reason, "tool_calls": result.tool_calls,
+            "group": engine.lockstep.describe(),
         }
         click.echo(json.dumps(summary, ensure_ascii=False))
     else:
         printer.end()
-        click.echo(stats_line(result.stats), err=True)
+        if prints:
+            click.echo(stats_line(result.stats), err=True)
 
 
 @cli.command()
@@ -108,6 +118,9 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
     if max_batch < 1:
         raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
+    if launched_group() is not None:
+        raise SettingsError("serve does not run under mlx.launch yet (chat and generate do): its scheduler's "
+                            "decisions are not sent to the other ranks")
     from ..server import (
         serve as run_server,  # FastAPI and uvicorn only for this command
     )
@@ -131,7 +144,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(table, args):
     """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
-    controlled, overhead, media, batch, or all. `mlx-spec bench TABLE --help` lists its options."""
+    controlled, overhead, media, batch, group, or all. `mlx-spec bench TABLE --help` lists its options."""
     from .. import bench as tables
 
     if table in (None, "-h", "--help"):
@@ -154,6 +167,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     except (LoadError, SettingsError) as e:
         click.echo(f"mlx-spec: {e}", err=True)
         sys.exit(1)
+    except GroupError as e:  # other ranks may be stuck in a collective: end at once, not at teardown
+        click.echo(f"mlx-spec: {e}", err=True)
+        sys.stderr.flush()
+        os._exit(1)
     except BrokenPipeError:
         os._exit(0)
 

@@ -26,7 +26,10 @@ def media_parts(images: Sequence[str] = (), clips: Sequence[str] = ()) -> List[d
 
 
 def run_chat(engine, session, show_probs: bool) -> None:
-    interactive = sys.stdin.isatty()
+    """The conversation. Under a group (decoding/lockstep.py) rank 0 reads the lines and takes
+    Ctrl-C, and every rank follows them."""
+    lockstep = engine.lockstep
+    interactive = sys.stdin.isatty() and lockstep.leader
     printer = TokenPrinter(show_probs, sys.stdout.isatty())
     totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
     attached: List[dict] = []
@@ -34,7 +37,7 @@ def run_chat(engine, session, show_probs: bool) -> None:
         click.echo(f"mlx-spec chat: {engine.target_path.name}" + (f" + {engine.drafter_path.name}" if engine.drafter_path else ""))
         click.echo(HELP)
     while True:
-        line = read_line(interactive)
+        line = lockstep.line(read_line(interactive) if lockstep.leader else None)
         if line is None or line.strip() in ("/quit", "/exit", "/q"):
             break
         line = line.strip()
@@ -46,7 +49,7 @@ def run_chat(engine, session, show_probs: bool) -> None:
         message = {"role": "user", "content": attached + [{"type": "text", "text": line}]} if attached else line
         with interruptible() as stopped:
             try:
-                for report in session.send(message, should_stop=lambda: stopped[0]):
+                for report in session.send(message, should_stop=lambda: lockstep.flag(stopped[0])):
                     printer.print(report)
             except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
                 click.echo(f"[{e}; /reset starts over]" + ("; the attachments are dropped" if attached else ""))

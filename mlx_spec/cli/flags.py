@@ -60,14 +60,15 @@ def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_
                    thinking=thinking, stop=tuple(stop), image_tokens=int(image_tokens) if image_tokens else None)
 
 
-def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None):
+def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None, group=None):
     """The engine, with --context and --force as the command line gave them (`load_settings`,
-    read from the click context unless given: `serve` loads on another thread)."""
+    read from the click context unless given: `serve` loads on another thread), split over
+    `group` (group.py: `launched_group`) if one is given."""
     from ..loading import load
 
     bits = int(drafter_bits) if drafter_bits else None
     settings = load_settings if load_settings is not None else memory_settings()
-    return load(model, None if no_mtp else drafter, bits, drafter_mode, **settings)
+    return load(model, None if no_mtp else drafter, bits, drafter_mode, group=group, **settings)
 
 
 def memory_settings() -> dict:

@@ -28,6 +28,7 @@ climbs to the best measured length instead of stopping where the line pointed.
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
+from .lockstep import Lockstep
 from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
@@ -45,8 +46,11 @@ class Ask(NamedTuple):
 
 
 class DraftLengths:
-    def __init__(self, decay: float = 0.92):
+    def __init__(self, decay: float = 0.92, lockstep: Optional[Lockstep] = None):
+        """lockstep: the group whose ranks must choose alike (lockstep.py): every rank learns
+        rank 0's step times."""
         self.decay = decay
+        self.lockstep = lockstep or Lockstep()
         # How guesses fare on this engine, pooled over its requests: where each request's own
         # statistics start (policy.py).
         self.acceptance = AcceptanceStats(MAX_DRAFT_TOKENS, PRIOR_DECAY)
@@ -152,6 +156,7 @@ class DraftLengths:
     def observe(self, batch: int, positions: int, seconds: Optional[float]) -> None:
         """A settled step of `batch` rows over `positions` positions took `seconds` of the loop's
         host time (None: not timed, as when it traced)."""
+        seconds = self.lockstep.seconds(seconds)
         if seconds is None:
             return
         key = (batch, positions)

@@ -43,6 +43,13 @@ class Family:
     load_media: Optional[Callable[[Path, dict], Any]] = None
     # (config.json, context, positions a sliding cache holds past its window) -> K/V cache bytes.
     kv_cache_bytes: Optional[Callable[[Mapping[str, Any], int, int], Optional[int]]] = None
+    # Tensor parallelism over a group of processes (mlx.core.distributed): (config.json, group
+    # size, path) -> a LoadError where the split is impossible, before any weight is read; and
+    # (target, draft model or None, group) -> both split in place. None: the family runs whole.
+    check_split: Optional[Callable[[Mapping[str, Any], int, Path], None]] = None
+    split: Optional[Callable[[Any, Optional[Any], Any], None]] = None
+    # (config.json, group size) -> (weights, K/V cache): the share of each one rank holds.
+    rank_share: Optional[Callable[[Mapping[str, Any], int], Tuple[float, float]]] = None
 
 
 class Registry:

@@ -55,7 +55,7 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
 
     @app.get("/health", responses=described(200))
     async def health():
-        return {"status": "ok", "model": names.id, **worker.status()}
+        return {"status": "ok", "model": names.id, **worker.status(), "group": worker.engine.lockstep.describe()}
 
     add_openai_routes(app, gate)
     add_responses_routes(app, gate)

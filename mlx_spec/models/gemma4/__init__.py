@@ -4,7 +4,8 @@ facts.py: the model's facts (layer kinds, K/V sources, configs as mlx-lm reads t
 cache's size); sizes.py: the sizes by name; target.py: the target over mlx-lm's model (its
 pass over the loop's rows is models/batch_pass.py's); media_prefill.py: images and audio in a
 prefill; assistant.py: the MTP drafter; loader.py: loading both and checking a pair;
-chat_format.py: channels and tool calls as Gemma 4 writes them.
+chat_format.py: channels and tool calls as Gemma 4 writes them; tensor_parallel.py: both
+split over a group of processes.
 """
 
 from ...media.loading import load_media
@@ -20,6 +21,7 @@ from .loader import (
     target_from,
 )
 from .sizes import SIZES, size_of
+from .tensor_parallel import check_split, rank_share, split_pair
 
 FAMILY = Family(
     name="Gemma 4",
@@ -34,6 +36,9 @@ FAMILY = Family(
     size_of=lambda target: size_of(vars(target.args)),
     load_media=load_media,
     kv_cache_bytes=kv_cache_bytes,
+    check_split=check_split,
+    split=split_pair,
+    rank_share=rank_share,
 )
 
 __all__ = ["FAMILY"]

@@ -35,7 +35,9 @@ def target_from(ckpt: Checkpoint) -> Target:
         # mlx-lm's wrapper copies its own top-level vocab_size (default 262144) into the text config.
         overrides = {"text_config": text, "vocab_size": text.get("vocab_size", 262144)}
     try:
-        model, _ = load_model(ckpt.path, model_config=overrides, get_model_classes=_target_classes)
+        # Lazy: the weights are read when evaluated (loading.py), so that a rank of a group reads
+        # only its own shard of them (tensor_parallel.py).
+        model, _ = load_model(ckpt.path, lazy=True, model_config=overrides, get_model_classes=_target_classes)
     except (ValueError, RuntimeError) as e:
         raise mlx_error("target", ckpt.path, e) from None
     return Target(model, images_attend_both_ways=text.get("use_bidirectional_attention") == "vision")

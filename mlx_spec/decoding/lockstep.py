@@ -1,0 +1,77 @@
+"""The decisions every rank of a group must make alike, made once: rank 0's.
+
+Under tensor parallelism (models/gemma4/tensor_parallel.py) every rank runs the same cycles,
+and each pass holds collectives: a rank that drafted 3 guesses where another drafted 4 would
+wait on the other's all-reduces forever, or sum garbage. Whatever a rank would draw from its
+own clock or its own entropy is taken from rank 0 instead:
+- a step's measured time, which the cost model turns into draft lengths (draft_lengths.py);
+- the seed of a request that gave none;
+- what only rank 0 reads or is told: a chat's lines, a user's Ctrl-C.
+Everything else the loop decides (acceptance, what a cycle keeps, which rows step) follows
+from the tokens and the logits, which the all-reduces make the same on every rank.
+"""
+
+import os
+from typing import Optional
+
+import mlx.core as mx
+
+
+class Lockstep:
+    """The group's agreement; a group of one agrees with itself at no cost."""
+
+    def __init__(self, group: Optional[mx.distributed.Group] = None):
+        self.group = group
+
+    @property
+    def size(self) -> int:
+        return self.group.size() if self.group is not None else 1
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank() if self.group is not None else 0
+
+    @property
+    def leader(self) -> bool:
+        """Whether this rank prints, streams and serves (rank 0)."""
+        return self.rank == 0
+
+    def _from_leader(self, values: list) -> list:
+        if self.size == 1:
+            return values
+        mine = mx.array(values if self.leader else [0.0] * len(values), dtype=mx.float32)
+        return mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
+
+    def seconds(self, seconds: Optional[float]) -> Optional[float]:
+        """Rank 0's measured time of a step (None: it timed none, and neither did the others:
+        whether a step is timed follows from its shape and traces, the same on every rank)."""
+        if self.size == 1 or seconds is None:
+            return seconds
+        return self._from_leader([seconds])[0]
+
+    def seed(self) -> int:
+        """A fresh seed, rank 0's (a request without one samples alike on every rank)."""
+        seed = int.from_bytes(os.urandom(3), "little")  # exact in a float32
+        return int(self._from_leader([float(seed)])[0])
+
+    def line(self, line: Optional[str]) -> Optional[str]:
+        """Rank 0's line of input (None: its input ended), for every rank (a chat's next line,
+        a prompt: only rank 0 reads them)."""
+        if self.size == 1:
+            return line
+        data = line.encode() if self.leader and line is not None else b""
+        length = int(self._from_leader([-1.0 if self.leader and line is None else float(len(data))])[0])
+        if length <= 0:
+            return None if length < 0 else ""
+        mine = mx.array(list(data) if self.leader else [0] * length, dtype=mx.uint8)
+        return bytes(mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()).decode()
+
+    def flag(self, value: bool) -> bool:
+        """Rank 0's yes or no (a user's Ctrl-C: the answer stops at the same token everywhere)."""
+        if self.size == 1:
+            return value
+        return self._from_leader([1.0 if value else 0.0])[0] > 0
+
+    def describe(self) -> dict:
+        """The group as `--json` and /health report it."""
+        return {"size": self.size, "rank": self.rank}

@@ -1,0 +1,158 @@
+"""Gemma 4 split tensor-parallel over a group of processes (mlx.core.distributed), in place.
+
+Megatron's split, as vLLM and mlx-lm's sharded models do it, on mlx-lm's own layers:
+- attention: each rank computes its share of the query heads (q_proj's rows), attends with the
+  K/V heads those queries read, and its share of o_proj's columns, summed over the group;
+- K/V heads: split where the group divides them; where it does not (E2B and E4B's sliding
+  layers have one or two), each rank keeps the one K/V head its query heads read, computed
+  alike on the ranks that share it (vLLM's replication);
+- the dense MLP: gate and up split by rows, down by columns, summed over the group;
+- the MoE block (26B-A4B) and the per-layer inputs stay whole on every rank (replicated).
+
+Two all-reduces per layer, of the hidden state alone. Quantized linears split as they are
+(mlx.nn's sharded quantized layers), never dequantized.
+
+The MTP drafter attends to the target's K/V: where every rank keeps all of it (one K/V head),
+the drafter stays whole on every rank; where the K/V heads are split, its attention is split
+the same way (its query heads read the K/V heads this rank keeps), so it never gathers a cache.
+Every rank so drafts the same guesses, from the same hidden states (an all-reduce gives every
+rank the same sum).
+"""
+
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.nn.layers.distributed import shard_linear
+
+from ...errors import LoadError
+from .facts import FULL, head_dims, kv_heads, normalize_text_config, text_config
+
+
+def split_problems(config: dict, size: int) -> List[str]:
+    """Why a target of this config.json cannot be split over `size` ranks (none: it can)."""
+    text = normalize_text_config(text_config(config))
+    problems = []
+    heads = text.get("num_attention_heads") or 0
+    if heads % size:
+        problems.append(f"its {heads} query heads")
+    for kind, n in kv_heads(text).items():
+        if n % size and size % n:
+            problems.append(f"the {n} K/V heads of its {kind} layers (neither divides the other)")
+    width = text.get("intermediate_size") or 0  # (double-wide layers are twice it)
+    if width % size:
+        problems.append(f"its MLP width {width}")
+    return problems
+
+
+def check_split(config: dict, size: int, path) -> None:
+    """A LoadError, before any weight is read, where `size` ranks cannot split this target."""
+    problems = split_problems(config, size)
+    if problems:
+        raise LoadError(f"target {path}: a group of {size} cannot split " + ", ".join(problems) +
+                        " evenly; run it on a group whose size divides them (1 runs it whole)")
+
+
+def split_target(target, group: mx.distributed.Group) -> None:
+    """Split the target's layers over `group`, in place (see the module's docstring)."""
+    rank, size = group.rank(), group.size()
+    for layer in target.text_model.layers:
+        _split_attention(layer.self_attn, rank, size, group)
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and hasattr(mlp, "gate_proj"):
+            mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
+            mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
+            mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+
+
+def kv_is_split(target, size: int) -> bool:
+    """Whether a rank of a group of `size` keeps only some of the target's K/V heads."""
+    return size > 1 and any(n > 1 for n in kv_heads(target.args).values())
+
+
+def split_drafter(drafter, target, group: mx.distributed.Group) -> None:
+    """Split the drafter's attention as the target's K/V heads are split (nothing to do where
+    every rank keeps all of them); its MLP and heads stay whole."""
+    if not kv_is_split(target, group.size()):
+        return
+    query_heads = {layer.self_attn.n_heads for layer in drafter.model.layers}
+    if any(n % group.size() for n in query_heads):
+        raise LoadError(f"the drafter's {min(query_heads)} query heads cannot be split over a group of {group.size()} "
+                        "(the target's K/V heads are split, and its attention reads them): run on a group whose size "
+                        "divides them, or without the drafter (--no-mtp)")
+    heads = kv_heads(target.args)
+    for layer, kind in zip(drafter.model.layers, drafter.layer_types):
+        _split_attention(layer.self_attn, group.rank(), group.size(), group, kv=heads[kind])
+
+
+def _split_attention(attn, rank: int, size: int, group, kv: Optional[int] = None) -> None:
+    """This rank's query heads (q_proj's rows, o_proj's columns) and the K/V heads they read.
+    `kv`: the K/V heads of a layer that reads another's (the drafter's)."""
+    n_kv = kv or attn.n_kv_heads
+    first, count = kv_heads_of(rank, size, n_kv)
+    attn.q_proj = shard_linear(attn.q_proj, "all-to-sharded", group=group)
+    attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
+    attn.n_heads //= size
+    for name in ("k_proj", "v_proj"):
+        if hasattr(attn, name):
+            setattr(attn, name, _rows(getattr(attn, name), first * attn.head_dim, count * attn.head_dim))
+    if hasattr(attn, "n_kv_heads"):
+        attn.n_kv_heads = count
+
+
+def kv_heads_of(rank: int, size: int, heads: int) -> Tuple[int, int]:
+    """(first, count): the K/V heads rank `rank` of `size` keeps of `heads`: an even share where
+    the group divides them, else the one its query heads read (ranks share it)."""
+    if heads % size == 0:
+        return rank * heads // size, heads // size
+    return rank * heads // size, 1
+
+
+def _rows(linear: nn.Module, start: int, count: int) -> nn.Module:
+    """The linear with only output rows [start, start + count) (quantized ones as they are: a
+    quantized weight packs its input dimension, so rows are whole)."""
+    if count == linear.weight.shape[0]:
+        return linear
+    for name in ("weight", "scales", "biases", "bias"):
+        if name in linear:
+            linear[name] = linear[name][start:start + count]
+    return linear
+
+
+def split_pair(target, drafter, group: mx.distributed.Group) -> None:
+    """The family's `split`: the target, and the drafter beside it (None: no drafter)."""
+    split_target(target, group)
+    if drafter is not None:
+        split_drafter(drafter, target, group)
+
+
+def rank_share(config: dict, size: int) -> Tuple[float, float]:
+    """(weights, K/V cache): the share of the whole that one rank of `size` holds, counted
+    from the config's parameters: the split ones (query and output heads, the dense MLP, the
+    K/V heads where the group divides them) by the group, the rest (embeddings, per-layer
+    inputs, the MoE's experts, a K/V head the ranks share) whole on every rank. The memory
+    check scales the files and the cache by them."""
+    text = normalize_text_config(text_config(config))
+    width, layers = text["hidden_size"], text["num_hidden_layers"]
+    heads, kinds = text["num_attention_heads"], text.get("layer_types") or []
+    dims, kv = head_dims(text), kv_heads(text)
+    shared_from = layers - (text.get("num_kv_shared_layers") or 0)
+    whole = split = 0.0
+    vocab = text.get("vocab_size") or 0
+    whole += vocab * width + (text.get("vocab_size_per_layer_input") or 0) * layers * (
+        text.get("hidden_size_per_layer_input") or 0)
+    kv_kept = {kind: kv_heads_of(0, size, n)[1] / n for kind, n in kv.items()}
+    for i, kind in enumerate(kinds[:layers]):
+        split += 2 * heads * dims[kind] * width
+        if i < shared_from:
+            keys_equal_values = kind == FULL and text.get("attention_k_eq_v")
+            kv_params = kv[kind] * dims[kind] * width * (1 if keys_equal_values else 2)
+            split += kv_params * kv_kept[kind] * size  # a rank keeps kv_kept of them
+        mlp = 3 * width * (text.get("intermediate_size") or 0)
+        split += mlp * (2 if text.get("use_double_wide_mlp") and i >= shared_from > 0 else 1)
+        if text.get("enable_moe_block"):
+            whole += (text.get("num_experts") or 0) * 3 * width * (text.get("moe_intermediate_size") or 0)
+    weights = (whole + split / size) / (whole + split) if whole + split else 1.0
+    cached = kinds[:shared_from]
+    cache = sum(kv_kept[k] * kv[k] * dims[k] for k in cached) / max(sum(kv[k] * dims[k] for k in cached), 1)
+    return weights, cache

@@ -1,0 +1,43 @@
+"""Run by the tests on every rank of a group (tests/test_distributed.py, under mlx.launch or
+started by hand): load a target and drafter split over the group, generate each setting's
+answer, print one JSON line of what this rank saw. `die_after=N` in the settings: rank 1
+leaves the process after N tokens (a rank that dies mid-answer), rank 0 reports the error.
+
+    python group_run.py TARGET DRAFTER SETTINGS_JSON
+"""
+
+import json
+import os
+import sys
+
+import mlx.core as mx
+
+import mlx_spec
+from mlx_spec.cli.group import group_faults
+from mlx_spec.errors import GroupError
+from mlx_spec.options import Options
+
+
+def main(target: str, drafter: str, settings: dict) -> None:
+    group = mx.distributed.init()
+    engine = mlx_spec.load(target, drafter, group=group).with_stop_tokens([])
+    prompt, runs = settings["prompt"], settings["runs"]
+    out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),
+           "q_rows": engine.target.text_model.layers[0].self_attn.q_proj.weight.shape[0]}
+    die_after = settings.get("die_after")
+    for name, options in runs.items():
+        try:
+            with group_faults(engine):
+                tokens = []
+                for report in engine.stream(prompt, Options(**options)):
+                    tokens.append(report.token)
+                    if die_after is not None and group.rank() == 1 and len(tokens) == die_after:
+                        os._exit(9)
+                out[name] = tokens
+        except GroupError as e:
+            out[name] = {"error": str(e)}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

@@ -1,0 +1,183 @@
+"""The target split over a group of processes: 2 ranks of MLX's ring backend on localhost,
+started by the real `mlx.launch` (or by hand, where a test needs a rank to die without the
+launcher ending the others), against one process's answers token for token.
+
+The tiny checkpoints: E2B's structure (one K/V head: every rank keeps it, the drafter stays
+whole) and E4B's (two K/V heads: split, and the drafter's attention split with them).
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlx_spec import load
+from mlx_spec.options import Options
+
+HERE = Path(__file__).parent
+RUNS = {  # past the tiny window (12) in every run
+    "g1": dict(max_tokens=40, draft_tokens=1, lookup=False),
+    "g4": dict(max_tokens=40, draft_tokens=4, lookup=False),
+    "g4_lookup": dict(max_tokens=40, draft_tokens=4),
+    "adaptive": dict(max_tokens=40),
+    "off": dict(max_tokens=40, mtp=False),
+    "seeded": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, draft_tokens=3),
+}
+# One thread of math per rank: two ranks share this machine's cores.
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None, reason="mlx.launch (installed with mlx) is missing")
+
+
+def free_ports(n: int) -> int:
+    """The first of n consecutive ports free on 127.0.0.1 (mlx.launch numbers them from it)."""
+    for _ in range(50):
+        start = int(np.random.default_rng().integers(20000, 60000))
+        sockets = []
+        try:
+            for port in range(start, start + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                sockets.append(s)
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def launch(command, ranks: int = 2, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
+    """`mlx.launch --backend ring -n RANKS COMMAND` on localhost."""
+    launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", str(ranks), "--starting-port", str(free_ports(ranks))]
+    for name, value in {**THREADS, **(env or {})}.items():
+        launcher += ["--env", f"{name}={value}"]
+    return subprocess.run(launcher + command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **THREADS, **(env or {})})
+
+
+def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None):
+    """The ranks started without mlx.launch (which would end the others when one dies): each
+    with the environment mlx.launch gives it. `started`: the ranks to start (the others are
+    never started). Returns each started rank's CompletedProcess-like (returncode, stdout, stderr)."""
+    first = free_ports(ranks)
+    hosts = json.dumps([[f"127.0.0.1:{first + r}"] for r in range(ranks)])
+    folder = Path(os.environ.get("TMPDIR", "/tmp"))
+    hostfile = folder / f"mlx-spec-hosts-{first}.json"
+    hostfile.write_text(hosts)
+    procs = {}
+    for rank in (started if started is not None else range(ranks)):
+        procs[rank] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
+                                            "MLX_RANK": str(rank)})
+    results = {}
+    deadline = time.monotonic() + timeout
+    for rank, proc in procs.items():
+        out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
+        results[rank] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    hostfile.unlink()
+    return results
+
+
+def ranks_lines(stdout: str):
+    return sorted((json.loads(line) for line in stdout.splitlines() if line.startswith("{")), key=lambda d: d["rank"])
+
+
+def alone(target, drafter, prompt, runs):
+    engine = load(str(target), str(drafter)).with_stop_tokens([])
+    return {name: engine.generate(prompt, Options(**options)).tokens for name, options in runs.items()}
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return np.random.default_rng(5).integers(5, 300, 30).tolist()
+
+
+@pytest.mark.parametrize("variant", ["e2b", "e4b"])
+def test_two_ranks_give_one_process_s_tokens(variant, checkpoints, family, prompt):
+    """Greedy with several draft lengths, prompt lookup on and off, the adaptive length, MTP
+    off and seeded sampling: each rank's answer is the one process's, token for token, and the
+    query heads are split (each rank holds half of q_proj's rows)."""
+    if variant == "e2b":
+        target, drafter = checkpoints["text"], checkpoints["assistant"]
+    else:
+        target, drafter = family(variant)["target"], family(variant)["assistant"]
+    settings = {"prompt": prompt, "runs": RUNS}
+    done = launch([sys.executable, str(HERE / "group_run.py"), str(target), str(drafter), json.dumps(settings)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = ranks_lines(done.stdout)
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["group"] == {"size": 2, "rank": r["rank"]} for r in ranks)
+    whole = load(str(target), str(drafter)).target.text_model.layers[0].self_attn.q_proj.weight.shape[0]
+    assert all(2 * r["q_rows"] == whole for r in ranks)
+    expected = alone(target, drafter, prompt, RUNS)
+    for name in RUNS:
+        for r in ranks:
+            assert r[name] == expected[name], (variant, name, r["rank"])
+    assert expected["g4"] == expected["off"] == expected["adaptive"]  # MTP on gives MTP off's tokens
+
+
+def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints):
+    """`mlx.launch ... mlx-spec generate --json`: rank 0 alone prints, its answer is the one
+    process's, and the final line names the group."""
+    args = ["generate", "--model", str(checkpoints["text"]), "--drafter", str(checkpoints["assistant"]), "--raw",
+            "--prompt", "the group speaks once", "-m", "24", "--json"]
+    mlx_spec = [sys.executable, "-m", "mlx_spec.cli"]
+    done = launch(mlx_spec + args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    single = subprocess.run(mlx_spec + args, capture_output=True, text=True, timeout=120, env={**os.environ, **THREADS})
+    reference = [json.loads(line) for line in single.stdout.splitlines() if line.startswith("{")]
+    assert [d["token"] for d in lines[:-1]] == [d["token"] for d in reference[:-1]]
+    assert lines[-1]["group"] == {"size": 2, "rank": 0} and reference[-1]["group"] == {"size": 1, "rank": 0}
+    assert lines[-1]["text"] == reference[-1]["text"]
+
+
+def test_a_group_that_cannot_split_the_model_is_refused_by_name(checkpoints):
+    """Three ranks cannot split four query heads: every rank says so before reading a weight."""
+    done = launch([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]), "--drafter",
+                   str(checkpoints["assistant"]), "--prompt", "hi", "-m", "4"], ranks=3, timeout=120)
+    # (mlx.launch itself exits 0 whatever its ranks did: their own exit codes are in its warnings)
+    assert "exited with code 1" in done.stderr
+    assert "a group of 3 cannot split its 4 query heads" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_rank_that_dies_ends_the_others_with_a_clear_error(checkpoints, prompt):
+    """Rank 1 leaves after 5 tokens; rank 0, mid-answer, ends with an error naming the lost
+    rank, within seconds (the ranks are started by hand: mlx.launch would end rank 0 itself)."""
+    settings = {"prompt": prompt, "runs": {"g4": RUNS["g4"]}, "die_after": 5}
+    began = time.monotonic()
+    results = by_hand([sys.executable, str(HERE / "group_run.py"), str(checkpoints["text"]),
+                       str(checkpoints["assistant"]), json.dumps(settings)])
+    assert results[1].returncode == 9
+    assert results[0].returncode == 0, results[0].stderr[-2000:]
+    error = ranks_lines(results[0].stdout)[0]["g4"]["error"]
+    assert "the group of 2 lost a rank" in error and "this rank (0) stops too" in error
+    assert time.monotonic() - began < 60
+
+
+def test_a_rank_that_cannot_reach_the_others_gives_up_in_bounded_time(checkpoints):
+    """Rank 0 of two, with rank 1 never started: MLX would wait for ever; the command ends after
+    MLX_SPEC_GROUP_TIMEOUT seconds and says why."""
+    began = time.monotonic()
+    results = by_hand([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]),
+                       "--prompt", "hi", "-m", "4"], started=[0], env={"MLX_SPEC_GROUP_TIMEOUT": "3"}, timeout=60)
+    assert results[0].returncode != 0
+    assert "rank 0 could not reach the other ranks of its group within 3 s" in results[0].stderr
+    assert time.monotonic() - began < 30
+
+
+def test_serve_under_mlx_launch_is_refused_until_its_scheduler_follows(checkpoints):
+    """serve across a group is not built yet: it says so at once rather than serving two
+    unsplit copies or hanging."""
+    done = launch([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--port", "0"],
+                  timeout=120)
+    assert "exited with code 1" in done.stderr
+    assert "serve does not run under mlx.launch yet" in done.stderr, done.stderr[-2000:]
