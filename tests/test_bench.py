@@ -192,6 +192,46 @@ def test_batch(tiny_models, tmp_path):
     assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
 
 
+def test_group(tiny_models, tmp_path):
+    """The target split over 2 processes of the ring backend (the real mlx.launch): every run
+    gives the tokens it gives alone, the all-reduces per cycle are at least the pass's two per
+    layer, and the report shows the JSON's figures and the 31B's predicted rows."""
+    _, data = run_script("group", *tiny_models, "--rounds", "1", "--prompt-tokens", "24", "--max-tokens", "12",
+                         tmp_path=tmp_path)
+    runs = data["runs"]
+    assert [r["run"] for r in runs] == ["MTP off", "g = 3", "adaptive"]
+    layers = 10  # the tiny target's (tests/tiny.py): attention and MLP each end in an all-reduce
+    for r in runs:
+        assert r["same_tokens"] and r["alone_tps"] > 0 and r["split_tps"] > 0
+        assert 2 * layers <= r["all_reduces_per_cycle"] < 2 * layers + 5
+        assert r["bytes_sent_per_token_per_rank"] > 0
+    assert_shown(report_rows(tmp_path / "results", "group", "same tokens"), runs, {
+        "run": lambda r: r["run"], "alone tok/s": lambda r: f"{r['alone_tps']:.1f}",
+        "all-reduces per cycle": lambda r: f"{r['all_reduces_per_cycle']:.1f}"})
+    predicted = data["predicted_31b"]
+    assert {r["ranks"] for r in predicted} == {1, 2, 4}
+    assert all(r["mtp"][-1]["tps"] > r["mtp_off_tps"] for r in predicted)  # drafting pays at a = 0.7
+
+
+def test_group_cost_model_reads_its_share_and_pays_its_latency():
+    """One rank of two reads its share of the 31B's weights (about half: the embeddings stay
+    whole) and pays two all-reduces per layer; a slower link costs MTP off more per token
+    than MTP, which spreads a pass's latency over the tokens it settles."""
+    from mlx_spec.bench.group_cost import TARGET_BYTES, best, cycle_seconds, expected_tokens
+    from mlx_spec.models.gemma4.sizes import SIZES
+    from mlx_spec.models.gemma4.tensor_parallel import rank_share
+
+    config = SIZES["31b"].text
+    assert cycle_seconds(0, 1, 614, 10, config) == pytest.approx(TARGET_BYTES / 614e9)
+    alone_read = TARGET_BYTES * rank_share(config, 2)[0] / 614e9
+    slow, fast = cycle_seconds(0, 2, 614, 50, config), cycle_seconds(0, 2, 614, 10, config)
+    assert alone_read < fast < slow and (slow - fast) == pytest.approx(2 * 60 * 2 * 40e-6 + 2 * 40e-6, rel=1e-3)
+    g, tps = best(2, 614, 50, 0.7, config)
+    per_token_latency_off = slow - fast
+    per_token_latency_mtp = (cycle_seconds(g, 2, 614, 50, config) - cycle_seconds(g, 2, 614, 10, config)) / expected_tokens(0.7, g)
+    assert g > 0 and per_token_latency_mtp < per_token_latency_off / 2
+
+
 def test_controlled(tiny_models, tmp_path):
     _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1",
                          "--trials", "3", "--best-of", "2", "--fixed-lengths", "2,6", tmp_path=tmp_path)

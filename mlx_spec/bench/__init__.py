@@ -4,7 +4,8 @@ Each table is a module with `main(argv)`: `positions` (the 1-vs-N-position cost)
 (guesses kept per kind of content, mlx-lm beside), `draft-length` (tok/s by g with the cost
 model's prediction), `controlled` (the loop's own cost at set acceptances), `overhead` (the
 host's cost of building a cycle), `media` (an image in the prompt: first token, encoder, MTP) and
-`batch` (several requests at once, mlx-lm's BatchGenerator beside). `run` writes a table's JSON and markdown into the results
+`batch` (several requests at once, mlx-lm's BatchGenerator beside) and `group` (the target split
+over processes with mlx.launch, and a cost model for Macs over Thunderbolt). `run` writes a table's JSON and markdown into the results
 folder and (re)draws the report there; `run_all` runs every table into one folder and ends with
 a block to paste into an issue.
 """
@@ -21,7 +22,7 @@ from . import report
 from .common import results_folder
 
 TABLES = {"positions": "positions", "acceptance": "acceptance", "draft-length": "draft_length",
-          "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch"}
+          "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch", "group": "group"}
 # The options every table takes: what `all` passes to each; and those `all` passes to the tables
 # that have them only.
 SHARED = {"--model": 1, "--drafter": 1, "--random-weights": 0, "--shape": 1, "--repeats": 1, "--quick": 0, "--out": 1}

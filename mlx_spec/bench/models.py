@@ -7,7 +7,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
+from ..decoding.lockstep import Lockstep
 from ..engine import Engine
+from ..models import FAMILIES
 from ..loading import load
 from ..models.gemma4.assistant import Assistant, AssistantConfig
 from ..models.gemma4.sizes import SIZES
@@ -53,11 +55,13 @@ def family_shape(name: str):
 
 
 
-def build_engine(args) -> Engine:
+def build_engine(args, group=None) -> Engine:
     """The pair to measure: --random-weights of a shape, else --model (E2B by default, downloaded
-    as `mlx-spec chat` does) with its drafter."""
+    as `mlx-spec chat` does) with its drafter. `group`: split over it (bench/group.py). Random
+    weights are drawn from a fixed seed: the same on every rank of a group, and alone."""
     if not args.random_weights:
-        return load(args.model or "e2b", args.drafter)
+        return load(args.model or "e2b", args.drafter, group=group)
+    mx.random.seed(0)
     ordered = True
     if args.shape == "e2b":
         target_shape, drafter_shape = E2B, E2B_ASSISTANT
@@ -68,7 +72,10 @@ def build_engine(args) -> Engine:
     bits = None if args.shape == "small" else 4  # MLX's CPU matmul is fastest unquantized
     target = random_target(target_shape, bits)
     drafter = random_drafter(drafter_shape, target_shape["hidden_size"], ordered=ordered)
-    return Engine.of(target, drafter)
+    if group is None:
+        return Engine.of(target, drafter)
+    FAMILIES.default.split(target, drafter, group)
+    return Engine.of(target, drafter, lockstep=Lockstep(group))
 
 
 def random_target(shape: dict, bits=None, group_size: int = 64) -> Target:

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch"]
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -238,5 +238,22 @@ def _batch(data: dict) -> list:
     return [("Several requests at once: the whole batch", total), ("Several requests at once: each request", per_request)]
 
 
+def _group(data: dict) -> list:
+    rows = data["predicted_31b"]
+
+    def predicted(ax):
+        labels = [f"{r['ranks']} x {r['chip'].split(' (')[0]}" + (f", {r['latency_us']} us" if r["ranks"] > 1 else "")
+                  for r in rows]
+        at = range(len(rows))
+        ax.bar([x - 0.2 for x in at], [r["mtp_off_tps"] for r in rows], width=0.4, label="MTP off")
+        ax.bar([x + 0.2 for x in at], [r["mtp"][-1]["tps"] for r in rows], width=0.4,
+               label=f"MTP, acceptance {rows[0]['mtp'][-1]['acceptance']}")
+        ax.set_xticks(list(at))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("predicted tok/s")
+
+    return [("Gemma 4 31B bf16 split over Macs on Thunderbolt 5 (predicted)", predicted)]
+
+
 FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
-           "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch}
+           "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch, "group": _group}

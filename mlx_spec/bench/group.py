@@ -1,0 +1,122 @@
+"""The target split over a group of processes (models/gemma4/tensor_parallel.py): tok/s, the
+all-reduces a cycle runs and the bytes each rank sends per token, for the pair alone and split
+over --ranks processes of MLX's ring backend on this machine (localhost, started by the real
+`mlx.launch`), MTP off, a fixed g and the adaptive length, in interleaved rounds, with a check
+that every run gives the same tokens split as alone; then the cost model for the 31B over
+Thunderbolt 5 (group_cost.py).
+
+The local figures are functional: the ranks share this machine's cores and talk over
+loopback TCP. They show what a split costs in collectives, not what two Macs gain.
+
+    mlx-spec bench group --model TARGET --drafter DRAFTER
+    mlx-spec bench group --random-weights --shape small
+"""
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+
+from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .group_cost import LINK_GBPS, table
+
+RUNS = {"MTP off": {"mtp": False}, "g = 3": {"draft_tokens": 3, "lookup": False}, "adaptive": {}}
+# One thread of math per rank: the ranks share the machine's cores.
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def main(argv=None):
+    parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench group")
+    parser.add_argument("--ranks", type=int, default=2, help="processes the target is split over [2]")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (alone, split) [3]")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parse(parser, argv, quick=dict(rounds=1, prompt_tokens=32, max_tokens=24))
+    if shutil.which("mlx.launch") is None:
+        raise SystemExit("mlx.launch (installed with mlx) is not on the PATH")
+    if args.ranks < 2 or args.rounds < 1:
+        raise SystemExit("--ranks must be at least 2 and --rounds at least 1")
+    settings = {"random_weights": args.random_weights, "shape": args.shape, "model": args.model,
+                "drafter": args.drafter, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                "runs": RUNS}
+    info = machine()
+    models = {"target": args.model or f"random weights, {args.shape}" if args.random_weights else args.model or "e2b",
+              "drafter": args.drafter}
+    print(header("A target split over a group of processes", info,
+                 {"ranks": args.ranks, "backend": "ring (localhost)", "prompt": args.prompt_tokens,
+                  "tokens": args.max_tokens, "rounds": args.rounds, **models}))
+    progress = Progress("group", args.rounds)
+    rounds = []
+    for i in range(args.rounds):
+        rounds.append({"alone": run(settings, 1), "split": run(settings, args.ranks)})
+        progress.step(f"round {i + 1}")
+    rows, records = summary(rounds, args.ranks)
+    print(markdown(["run", "alone tok/s", f"{args.ranks} ranks tok/s", "split / alone", "all-reduces per cycle",
+                    "KB sent per token per rank", "same tokens"], rows))
+    moved = logits_moved(rounds)
+    for r in rounds:  # (a vocabulary's floats per run: the JSON keeps what they showed)
+        r["alone"].pop("first_logits"), r["split"].pop("first_logits")
+    print(f"\nLogits after the prompt, split against alone: largest change {moved['max_abs_change']:.3g}; gap "
+          f"between the two likeliest tokens alone {moved['top2_gap_alone']:.3g} (same argmax: "
+          f"{'yes' if moved['same_argmax'] else 'NO'}). Where an answer differs, the split's order of sums moved a "
+          "near-tie (bf16 weights round each partial sum); in float32 the tests find every token equal.")
+    print(f"\nMedian of {args.rounds} interleaved rounds. All-reduces counted in a short answer with compilation "
+          "off (each is then a Python call), per cycle, the prompt's passes included; a rank of a ring sends "
+          f"2 (N - 1) / N of each all-reduce's payload.\n")
+    headers, cost_rows, cost_records = table()
+    print(f"Predicted: Gemma 4 31B in bf16 on Macs linked by Thunderbolt 5 ({LINK_GBPS} Gb/s) with JACCL "
+          "(bench/group_cost.py: its model, assumptions and sources)\n")
+    print(markdown(headers, cost_rows))
+    print(f"\nJSON: {write_json('group', args, {'machine': info, 'models': models, 'ranks': args.ranks, 'runs': records, 'logits': moved, 'rounds': rounds, 'predicted_31b': cost_records})}")
+
+
+def run(settings: dict, ranks: int) -> dict:
+    """One worker run (bench/group_rank.py): alone, or under mlx.launch over `ranks` processes."""
+    import os
+
+    worker = [sys.executable, "-m", "mlx_spec.bench.group_rank", json.dumps(settings)]
+    command = worker
+    if ranks > 1:
+        command = [shutil.which("mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+        for name, value in THREADS.items():
+            command += ["--env", f"{name}={value}"]
+        command += worker
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **THREADS}, timeout=3600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"the {'group' if ranks > 1 else 'single'} run printed no result:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def summary(rounds, ranks: int):
+    rows, records = [], []
+    for name in RUNS:
+        alone = statistics.median(r["alone"]["runs"][name]["tps"] for r in rounds)
+        split = statistics.median(r["split"]["runs"][name]["tps"] for r in rounds)
+        last = rounds[-1]["split"]["runs"][name]
+        differs = [first_difference(r["alone"]["runs"][name]["tokens"], r["split"]["runs"][name]["tokens"]) for r in rounds]
+        first = min((d for d in differs if d is not None), default=None)
+        sent = last["payload_bytes_per_token"] * 2 * (ranks - 1) / ranks
+        rows.append([name, f"{alone:.1f}", f"{split:.2f}", f"{split / alone:.3f}", f"{last['per_cycle']:.1f}",
+                     f"{sent / 1e3:.1f}", "yes" if first is None else f"from token {first}"])
+        records.append({"run": name, "alone_tps": alone, "split_tps": split, "all_reduces_per_cycle": last["per_cycle"],
+                        "bytes_sent_per_token_per_rank": sent, "same_tokens": first is None, "first_difference": first,
+                        "kept": last["kept"], "drafted": last["drafted"]})
+    return rows, records
+
+
+def first_difference(a, b):
+    """The first token where two answers differ (None: they are the same)."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def logits_moved(rounds) -> dict:
+    """How far the split moves the logits after the prompt: the largest change, and the gap
+    between the two likeliest tokens alone (a change larger than the gap can swap them)."""
+    alone, split = rounds[-1]["alone"]["first_logits"], rounds[-1]["split"]["first_logits"]
+    top = sorted(alone, reverse=True)
+    return {"max_abs_change": max(abs(x - y) for x, y in zip(alone, split)), "top2_gap_alone": top[0] - top[1],
+            "same_argmax": alone.index(top[0]) == split.index(max(split))}
