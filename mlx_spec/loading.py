@@ -30,6 +30,7 @@ def load(
     media: bool = False,
     registry: Registry = FAMILIES,
     group=None,
+    experts: str = "whole",
 ) -> Engine:
     """Load a target and (unless `drafter` is None) its MTP drafter.
 
@@ -43,17 +44,19 @@ def load(
     known (a caller's own family: `FAMILIES.with_family(...)`). `group`: an
     `mlx.core.distributed.Group` of more than one process (as `mlx.launch` starts them) splits
     the target over it, tensor-parallel, each rank reading its own shard of the weights; every
-    rank must then make the same calls. Raises `LoadError` with a message naming the problem.
+    rank must then make the same calls; `experts` "split" divides a mixture's experts between the
+    ranks too (by default each keeps them whole). Raises `LoadError` with a message naming the
+    problem.
     """
     model, drafter = resolve_names(model, drafter, registry)
     lockstep = Lockstep(group if group is not None and group.size() > 1 else None)
-    check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size)
+    check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
     if lockstep.size > 1:
         if family.split is None:
             raise LoadError(f"target {target_checkpoint.path}: the {family.name} family cannot be split over a group")
-        family.check_split(target_checkpoint.config, lockstep.size, target_checkpoint.path)
+        family.check_split(target_checkpoint.config, lockstep.size, target_checkpoint.path, experts)
     target = family.load_target(target_checkpoint)
     if drafter == AUTO:
         drafter = family.drafter_for(target_checkpoint)
@@ -66,7 +69,7 @@ def load(
         assistant = family.load_drafter(drafter_checkpoint, drafter_bits, drafter_mode)
         family.check_pair(target, assistant, drafter_checkpoint.path)
     if lockstep.size > 1:
-        family.split(target, assistant, lockstep.group)
+        family.split(target, assistant, lockstep.group, experts)
     evaluate_weights(target)
     tokenizer = load_tokenizer(target_checkpoint)
     text = TextSide(tokenizer, stop_token_ids(target_checkpoint, tokenizer), family.chat_format,

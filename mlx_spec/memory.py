@@ -60,7 +60,7 @@ def kv_cache_bytes(config: Mapping[str, Any], context: int, registry: Registry =
 
 
 def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT,
-             registry: Registry = FAMILIES, ranks: int = 1) -> Optional[Estimate]:
+             registry: Registry = FAMILIES, ranks: int = 1, experts: str = "whole") -> Optional[Estimate]:
     """Weights + K/V cache of a pair (hub ids or folders), without downloading any weights;
     None where the sizes cannot be known (offline and not downloaded yet). `ranks`: the target
     split over a group of that many processes, one rank's share (its family's `rank_share`)."""
@@ -71,7 +71,7 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
     if ranks > 1:
         family = registry.family_for_config(config) or registry.default
         if family.rank_share is not None:
-            weight_share, cache_share = family.rank_share(config, ranks)
+            weight_share, cache_share = family.rank_share(config, ranks, experts)
             weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
     if drafter is not None:
         drafter_weights, _ = _files_and_config(drafter, registry)
@@ -137,11 +137,11 @@ def _hub_config(repo_id: str, registry: Registry) -> Optional[dict]:
 
 
 def check(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT, force: bool = False,
-          registry: Registry = FAMILIES, ranks: int = 1) -> Optional[Estimate]:
+          registry: Registry = FAMILIES, ranks: int = 1, experts: str = "whole") -> Optional[Estimate]:
     """Raise a LoadError when the pair needs more memory than this machine has,
     unless `force`. Returns the estimate (None when it cannot be made). `ranks`: one rank's
     share of a target split over a group (each rank checks its own machine)."""
-    needed = estimate(target, drafter, context, registry, ranks)
+    needed = estimate(target, drafter, context, registry, ranks, experts)
     if needed is None or force:
         return needed
     have = available_bytes()

@@ -1,6 +1,7 @@
 """Run by the tests on every rank of a group (tests/test_distributed.py, under mlx.launch or
 started by hand): load a target and drafter split over the group, generate each setting's
-answer, print one JSON line of what this rank saw. `die_after=N` in the settings: rank 1
+answer, print one JSON line of what this rank saw. `experts` in the settings: "whole" or
+"split" (a mixture's experts divided between the ranks). `die_after=N`: rank 1
 leaves the process after N tokens (a rank that dies mid-answer), rank 0 reports the error.
 
     python group_run.py TARGET DRAFTER SETTINGS_JSON
@@ -20,10 +21,13 @@ from mlx_spec.options import Options
 
 def main(target: str, drafter: str, settings: dict) -> None:
     group = mx.distributed.init()
-    engine = mlx_spec.load(target, drafter, group=group).with_stop_tokens([])
+    engine = mlx_spec.load(target, drafter, group=group, experts=settings.get("experts", "whole")).with_stop_tokens([])
     prompt, runs = settings["prompt"], settings["runs"]
     out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),
            "q_rows": engine.target.text_model.layers[0].self_attn.q_proj.weight.shape[0]}
+    layer = engine.target.text_model.layers[0]
+    if getattr(layer, "enable_moe", False):
+        out["experts_held"] = layer.experts.switch_glu.gate_proj.weight.shape[0]
     die_after = settings.get("die_after")
     for name, options in runs.items():
         try:

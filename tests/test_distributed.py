@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tiny
 from mlx_spec import load
 from mlx_spec.options import Options
 
@@ -101,22 +102,26 @@ def prompt():
     return np.random.default_rng(5).integers(5, 300, 30).tolist()
 
 
-@pytest.mark.parametrize("variant", ["e2b", "e4b"])
-def test_two_ranks_give_one_process_s_tokens(variant, checkpoints, family, prompt):
+@pytest.mark.parametrize("variant, experts", [("e2b", "whole"), ("e4b", "whole"), ("26b-a4b", "split")])
+def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, family, prompt):
     """Greedy with several draft lengths, prompt lookup on and off, the adaptive length, MTP
     off and seeded sampling: each rank's answer is the one process's, token for token, and the
-    query heads are split (each rank holds half of q_proj's rows)."""
+    query heads are split (each rank holds half of q_proj's rows). E2B's one K/V head is kept by
+    both ranks, E4B's two split (and the drafter's attention with them); the 26B-A4B's keys equal
+    their values on full layers, and its experts are divided between the ranks."""
     if variant == "e2b":
         target, drafter = checkpoints["text"], checkpoints["assistant"]
     else:
         target, drafter = family(variant)["target"], family(variant)["assistant"]
-    settings = {"prompt": prompt, "runs": RUNS}
+    settings = {"prompt": prompt, "runs": RUNS, "experts": experts}
     done = launch([sys.executable, str(HERE / "group_run.py"), str(target), str(drafter), json.dumps(settings)])
     assert done.returncode == 0, done.stderr[-2000:]
     ranks = ranks_lines(done.stdout)
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["group"] == {"size": 2, "rank": r["rank"]} for r in ranks)
     whole = load(str(target), str(drafter)).target.text_model.layers[0].self_attn.q_proj.weight.shape[0]
     assert all(2 * r["q_rows"] == whole for r in ranks)
+    if experts == "split":
+        assert all(2 * r["experts_held"] == tiny.VARIANTS[variant]["num_experts"] for r in ranks)
     expected = alone(target, drafter, prompt, RUNS)
     for name in RUNS:
         for r in ranks:

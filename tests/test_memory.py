@@ -165,3 +165,20 @@ def test_one_rank_of_a_group_counts_its_share(monkeypatch):
     with pytest.raises(LoadError, match=r"one rank's share of 2"):
         monkeypatch.setattr(memory, "available_bytes", lambda: 20 * 10**9)
         memory.check(FAMILY["31b"].target, FAMILY["31b"].drafter, ranks=2)
+
+
+def test_a_mixture_s_experts_split_or_whole_by_choice():
+    """The 26B-A4B's 128 experts are most of its weights: kept whole on every rank, a rank of two
+    holds almost all of them; divided, about half. A group whose size does not divide the
+    experts cannot divide them, and says so."""
+    from mlx_spec.models.gemma4.tensor_parallel import rank_share, split_problems
+
+    config = FAMILY["26b-a4b"].text
+    assert rank_share(config, 2)[0] > 0.95 and 0.5 < rank_share(config, 2, "split")[0] < 0.53
+    assert split_problems(config, 2, "split") == []
+    assert {"its 16 query heads", "its 128 experts"} <= set(split_problems(config, 3, "split"))
+    assert "its 128 experts" not in split_problems(config, 3)  # kept whole, any group size holds them
+    six = dict(config, num_attention_heads=24, num_key_value_heads=6, num_global_key_value_heads=6,
+               intermediate_size=2112 * 3)
+    assert split_problems(six, 6, "split") == ["its 128 experts"] and split_problems(six, 6) == []
+    assert "one of whole, split" in split_problems(config, 2, "halved")[0]

@@ -21,6 +21,10 @@ load_options = [
                  callback=_remember, help="Tokens of context the memory check counts K/V cache for."),
     click.option("--force", is_flag=True, expose_value=False, callback=_remember,
                  help="Load even where the memory check says the model does not fit."),
+    click.option("--experts", type=click.Choice(["whole", "split"]), default="whole", show_default=True,
+                 expose_value=False, callback=_remember,
+                 help="Under mlx.launch, a mixture of experts (26b-a4b): each rank keeps every expert, or a share of them "
+                      "(less memory, one more all-reduce per layer)."),
 ]
 
 
@@ -73,4 +77,5 @@ def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_setting
 
 def memory_settings() -> dict:
     meta = click.get_current_context().meta
-    return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False)}
+    return {"context": meta.get("mlx_spec.context", DEFAULT_CONTEXT), "force": meta.get("mlx_spec.force", False),
+            "experts": meta.get("mlx_spec.experts", "whole")}

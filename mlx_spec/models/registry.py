@@ -44,12 +44,13 @@ class Family:
     # (config.json, context, positions a sliding cache holds past its window) -> K/V cache bytes.
     kv_cache_bytes: Optional[Callable[[Mapping[str, Any], int, int], Optional[int]]] = None
     # Tensor parallelism over a group of processes (mlx.core.distributed): (config.json, group
-    # size, path) -> a LoadError where the split is impossible, before any weight is read; and
-    # (target, draft model or None, group) -> both split in place. None: the family runs whole.
-    check_split: Optional[Callable[[Mapping[str, Any], int, Path], None]] = None
-    split: Optional[Callable[[Any, Optional[Any], Any], None]] = None
-    # (config.json, group size) -> (weights, K/V cache): the share of each one rank holds.
-    rank_share: Optional[Callable[[Mapping[str, Any], int], Tuple[float, float]]] = None
+    # size, path, experts) -> a LoadError where the split is impossible, before any weight is
+    # read; and (target, draft model or None, group, experts) -> both split in place. `experts`:
+    # "whole" or "split", for a mixture of experts. None: the family runs whole.
+    check_split: Optional[Callable[[Mapping[str, Any], int, Path, str], None]] = None
+    split: Optional[Callable[[Any, Optional[Any], Any, str], None]] = None
+    # (config.json, group size, experts) -> (weights, K/V cache): the share of each one rank holds.
+    rank_share: Optional[Callable[[Mapping[str, Any], int, str], Tuple[float, float]]] = None
 
 
 class Registry:

@@ -7,7 +7,11 @@ Megatron's split, as vLLM and mlx-lm's sharded models do it, on mlx-lm's own lay
   layers have one or two), each rank keeps the one K/V head its query heads read, computed
   alike on the ranks that share it (vLLM's replication);
 - the dense MLP: gate and up split by rows, down by columns, summed over the group;
-- the MoE block (26B-A4B) and the per-layer inputs stay whole on every rank (replicated).
+- the per-layer inputs stay whole on every rank; the MoE block (26B-A4B) too by default, or, by
+  choice (`experts="split"`), its experts are divided between the ranks: each rank holds a
+  share of them whole (quantized ones as they are: a 4-bit expert's width does not split into
+  whole quantization groups), weighs the tokens routed to them, and the group sums (one more
+  all-reduce per layer, for half the memory of the experts on two ranks).
 
 Two all-reduces per layer, of the hidden state alone. Quantized linears split as they are
 (mlx.nn's sharded quantized layers), never dequantized.
@@ -29,10 +33,17 @@ from ...errors import LoadError
 from .facts import FULL, head_dims, kv_heads, normalize_text_config, text_config
 
 
-def split_problems(config: dict, size: int) -> List[str]:
+EXPERTS = ("whole", "split")  # the MoE's experts on every rank, or divided between them
+
+
+def split_problems(config: dict, size: int, experts: str = "whole") -> List[str]:
     """Why a target of this config.json cannot be split over `size` ranks (none: it can)."""
     text = normalize_text_config(text_config(config))
     problems = []
+    if experts not in EXPERTS:
+        problems.append(f"its experts as {experts!r} (one of {', '.join(EXPERTS)})")
+    elif experts == "split" and text.get("enable_moe_block") and (text.get("num_experts") or 0) % size:
+        problems.append(f"its {text.get('num_experts')} experts")
     heads = text.get("num_attention_heads") or 0
     if heads % size:
         problems.append(f"its {heads} query heads")
@@ -45,24 +56,50 @@ def split_problems(config: dict, size: int) -> List[str]:
     return problems
 
 
-def check_split(config: dict, size: int, path) -> None:
+def check_split(config: dict, size: int, path, experts: str = "whole") -> None:
     """A LoadError, before any weight is read, where `size` ranks cannot split this target."""
-    problems = split_problems(config, size)
+    problems = split_problems(config, size, experts)
     if problems:
         raise LoadError(f"target {path}: a group of {size} cannot split " + ", ".join(problems) +
                         " evenly; run it on a group whose size divides them (1 runs it whole)")
 
 
-def split_target(target, group: mx.distributed.Group) -> None:
+def split_target(target, group: mx.distributed.Group, experts: str = "whole") -> None:
     """Split the target's layers over `group`, in place (see the module's docstring)."""
     rank, size = group.rank(), group.size()
     for layer in target.text_model.layers:
         _split_attention(layer.self_attn, rank, size, group)
+        if experts == "split" and getattr(layer, "enable_moe", False):
+            layer.experts = SplitExperts(layer.experts, rank, size, group)
         mlp = getattr(layer, "mlp", None)
         if mlp is not None and hasattr(mlp, "gate_proj"):
             mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
             mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
             mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+
+
+class SplitExperts(nn.Module):
+    """The MoE's experts divided between the ranks: this rank's share, whole. A token's k
+    chosen experts are weighed where they are held (elsewhere their weight is zero), and the
+    group's all-reduce sums the shares: every rank gets the whole layer's output."""
+
+    def __init__(self, experts: nn.Module, rank: int, size: int, group):
+        super().__init__()
+        glu = experts.switch_glu
+        self.count = glu.gate_proj.weight.shape[0] // size
+        self.first = rank * self.count
+        for linear in (glu.gate_proj, glu.up_proj, glu.down_proj):
+            for name in ("weight", "scales", "biases", "bias"):
+                if name in linear:
+                    linear[name] = linear[name][self.first:self.first + self.count]
+        self.switch_glu, self.group = glu, group
+
+    def __call__(self, x: mx.array, top_k_indices: mx.array, top_k_weights: mx.array) -> mx.array:
+        local = top_k_indices - self.first
+        held = (local >= 0) & (local < self.count)
+        y = self.switch_glu(x, mx.where(held, local, 0))
+        weights = mx.expand_dims(mx.where(held, top_k_weights, 0), -1)
+        return mx.distributed.all_sum((weights * y).sum(-2), group=self.group)
 
 
 def kv_is_split(target, size: int) -> bool:
@@ -119,18 +156,18 @@ def _rows(linear: nn.Module, start: int, count: int) -> nn.Module:
     return linear
 
 
-def split_pair(target, drafter, group: mx.distributed.Group) -> None:
+def split_pair(target, drafter, group: mx.distributed.Group, experts: str = "whole") -> None:
     """The family's `split`: the target, and the drafter beside it (None: no drafter)."""
-    split_target(target, group)
+    split_target(target, group, experts)
     if drafter is not None:
         split_drafter(drafter, target, group)
 
 
-def rank_share(config: dict, size: int) -> Tuple[float, float]:
+def rank_share(config: dict, size: int, experts: str = "whole") -> Tuple[float, float]:
     """(weights, K/V cache): the share of the whole that one rank of `size` holds, counted
     from the config's parameters: the split ones (query and output heads, the dense MLP, the
-    K/V heads where the group divides them) by the group, the rest (embeddings, per-layer
-    inputs, the MoE's experts, a K/V head the ranks share) whole on every rank. The memory
+    K/V heads where the group divides them, the MoE's experts when `experts` is "split") by the
+    group, the rest (embeddings, per-layer inputs, a K/V head the ranks share) whole on every rank. The memory
     check scales the files and the cache by them."""
     text = normalize_text_config(text_config(config))
     width, layers = text["hidden_size"], text["num_hidden_layers"]
@@ -151,7 +188,9 @@ def rank_share(config: dict, size: int) -> Tuple[float, float]:
         mlp = 3 * width * (text.get("intermediate_size") or 0)
         split += mlp * (2 if text.get("use_double_wide_mlp") and i >= shared_from > 0 else 1)
         if text.get("enable_moe_block"):
-            whole += (text.get("num_experts") or 0) * 3 * width * (text.get("moe_intermediate_size") or 0)
+            expert_params = (text.get("num_experts") or 0) * 3 * width * (text.get("moe_intermediate_size") or 0)
+            split += expert_params if experts == "split" else 0
+            whole += expert_params if experts != "split" else 0
     weights = (whole + split / size) / (whole + split) if whole + split else 1.0
     cached = kinds[:shared_from]
     cache = sum(kv_kept[k] * kv[k] * dims[k] for k in cached) / max(sum(kv[k] * dims[k] for k in cached), 1)
