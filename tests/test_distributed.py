@@ -145,6 +145,22 @@ def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints
     assert lines[-1]["text"] == reference[-1]["text"]
 
 
+def test_chat_under_mlx_launch_follows_rank_0_s_lines(checkpoints):
+    """`mlx.launch ... mlx-spec chat` with lines on standard input (mlx.launch hands them to
+    every rank; rank 0 alone reads them and sends them on): one answer per line, printed once,
+    and the commands between them run on every rank in step (the stats count both turns)."""
+    lines = "the first line\nthe second line\n/stats\n/quit\n"
+    command = [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(checkpoints["text"]), "--drafter",
+               str(checkpoints["assistant"]), "-m", "8"]
+    launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", "2", "--starting-port", str(free_ports(2))]
+    for name, value in THREADS.items():
+        launcher += ["--env", f"{name}={value}"]
+    done = subprocess.run(launcher + command, input=lines, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, **THREADS})
+    assert "exited with code" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.count("[session: 2 turns") == 1, done.stdout[-2000:]
+
+
 def test_a_group_that_cannot_split_the_model_is_refused_by_name(checkpoints):
     """Three ranks cannot split four query heads: every rank says so before reading a weight."""
     done = launch([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]), "--drafter",
