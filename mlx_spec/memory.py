@@ -71,7 +71,7 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
     if ranks > 1:
         family = registry.family_for_config(config) or registry.default
         if family.rank_share is not None:
-            weight_share, cache_share = family.rank_share(config, ranks, experts)
+            weight_share, cache_share = family.rank_share(config, ranks, experts, context, SLIDING_SLACK)
             weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
     if drafter is not None:
         drafter_weights, _ = _files_and_config(drafter, registry)

@@ -182,3 +182,24 @@ def test_a_mixture_s_experts_split_or_whole_by_choice():
                intermediate_size=2112 * 3)
     assert split_problems(six, 6, "split") == ["its 128 experts"] and split_problems(six, 6) == []
     assert "one of whole, split" in split_problems(config, 2, "halved")[0]
+
+
+def test_a_k_v_head_the_ranks_share_is_counted_whole_on_each():
+    """The 12B's full layers have one K/V head (every rank keeps it) and hold the whole context,
+    so at 128k tokens a rank of two keeps nearly all of the cache; the 31B's heads all split:
+    half of it."""
+    from mlx_spec.models.gemma4.tensor_parallel import rank_share
+
+    assert rank_share(FAMILY["12b"].text, 2, context=131072)[1] > 0.85
+    assert rank_share(FAMILY["31b"].text, 2, context=131072)[1] == pytest.approx(0.5)
+
+
+def test_a_quantized_mlp_splits_in_whole_groups_or_is_refused():
+    """The 4-bit 26B-A4B's MLP (2112 wide, 33 groups of 64) cannot be cut in two along its
+    groups: refused by name before loading, rather than failing inside MLX."""
+    from mlx_spec.models.gemma4.tensor_parallel import split_problems
+
+    quantized = dict(FAMILY["26b-a4b"].text, quantization={"group_size": 64, "bits": 4})
+    assert "its MLP width 2112 in whole quantization groups of 64" in split_problems(quantized, 2)
+    assert split_problems(FAMILY["26b-a4b"].text, 2) == []  # in bf16 it splits
+    assert split_problems(dict(FAMILY["31b"].text, quantization={"group_size": 64, "bits": 4}), 2) == []

@@ -53,6 +53,8 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
     if raw and (images or clips):
         raise SettingsError("--image and --audio need the chat template: leave out --raw")
     group = launched_group()
+    if group is not None and (images or clips):  # each rank would read its own machine's files
+        raise SettingsError("--image and --audio do not run under mlx.launch yet")
     if prompt is None or prompt == "-":
         if group is not None:  # mlx.launch forwards standard input to every rank, but never its end
             raise SettingsError("under mlx.launch, give the prompt with --prompt (standard input never ends there)")

@@ -83,7 +83,10 @@ def read_line(interactive: bool) -> Optional[str]:
 def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
     parts = line.split(maxsplit=1)
     name = parts[0]
-    if name in ("/image", "/audio") and len(parts) == 2:
+    if name in ("/image", "/audio") and len(parts) == 2 and session.engine.lockstep.size > 1:
+        # each rank would look for the file on its own machine: one without it would run another prompt
+        click.echo("[images and audio do not run under mlx.launch yet]")
+    elif name in ("/image", "/audio") and len(parts) == 2:
         path = Path(parts[1].strip()).expanduser()
         if not path.is_file():
             click.echo(f"[{path}: no such file]")

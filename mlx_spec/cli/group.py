@@ -2,6 +2,7 @@
 printing, and a rank that is lost ending the others with a message (docs/distributed.md)."""
 
 import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -50,16 +51,22 @@ def group_faults(engine):
     try:
         yield
     except RuntimeError as e:
-        if engine.lockstep.size == 1:
+        if engine.lockstep.size == 1 or not str(e).startswith(BACKENDS):
             raise
         raise GroupError(f"the group of {engine.lockstep.size} lost a rank ({e}); this rank "
                          f"({engine.lockstep.rank}) stops too") from None
 
 
+# How MLX's backends begin the errors of a lost peer ("[ring] connection to a peer was lost").
+BACKENDS = ("[ring]", "[jaccl]", "[mpi]", "[nccl]")
+
+
 def follow_quietly(engine) -> bool:
     """On a rank other than 0 of a group, this process's standard output goes nowhere (rank 0
-    prints; the others compute beside it). Whether this rank prints."""
+    prints; the others compute beside it), and Ctrl-C is rank 0's alone (a terminal's reaches
+    every local rank: rank 0 stops the answer and sends the stop on). Whether this rank prints."""
     if engine.lockstep.leader:
         return True
     sys.stdout = open(os.devnull, "w")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return False

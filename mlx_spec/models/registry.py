@@ -49,8 +49,9 @@ class Family:
     # "whole" or "split", for a mixture of experts. None: the family runs whole.
     check_split: Optional[Callable[[Mapping[str, Any], int, Path, str], None]] = None
     split: Optional[Callable[[Any, Optional[Any], Any, str], None]] = None
-    # (config.json, group size, experts) -> (weights, K/V cache): the share of each one rank holds.
-    rank_share: Optional[Callable[[Mapping[str, Any], int, str], Tuple[float, float]]] = None
+    # (config.json, group size, experts, context, sliding slack) -> (weights, K/V cache): the
+    # share of each one rank holds.
+    rank_share: Optional[Callable[[Mapping[str, Any], int, str, int, int], Tuple[float, float]]] = None
 
 
 class Registry:

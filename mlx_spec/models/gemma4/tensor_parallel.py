@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_linear
 
 from ...errors import LoadError
-from .facts import FULL, head_dims, kv_heads, normalize_text_config, text_config
+from .facts import FULL, SLIDING, head_dims, kv_cache_bytes, kv_heads, normalize_text_config, text_config
 
 
 EXPERTS = ("whole", "split")  # the MoE's experts on every rank, or divided between them
@@ -53,7 +53,17 @@ def split_problems(config: dict, size: int, experts: str = "whole") -> List[str]
     width = text.get("intermediate_size") or 0  # (double-wide layers are twice it)
     if width % size:
         problems.append(f"its MLP width {width}")
+    group = quantization_group(config)
+    if group and not width % size and (width // size) % group:
+        # down_proj is cut along its input, which a quantized weight packs in groups
+        problems.append(f"its MLP width {width} in whole quantization groups of {group}")
     return problems
+
+
+def quantization_group(config: dict) -> int:
+    """The group size of a quantized checkpoint's weights (0: not quantized)."""
+    quantization = config.get("quantization") or config.get("quantization_config") or {}
+    return int(quantization.get("group_size") or 0) if isinstance(quantization, dict) else 0
 
 
 def check_split(config: dict, size: int, path, experts: str = "whole") -> None:
@@ -163,35 +173,36 @@ def split_pair(target, drafter, group: mx.distributed.Group, experts: str = "who
         split_drafter(drafter, target, group)
 
 
-def rank_share(config: dict, size: int, experts: str = "whole") -> Tuple[float, float]:
-    """(weights, K/V cache): the share of the whole that one rank of `size` holds, counted
-    from the config's parameters: the split ones (query and output heads, the dense MLP, the
-    K/V heads where the group divides them, the MoE's experts when `experts` is "split") by the
-    group, the rest (embeddings, per-layer inputs, a K/V head the ranks share) whole on every rank. The memory
-    check scales the files and the cache by them."""
+def rank_share(config: dict, size: int, experts: str = "whole", context: int = 8192,
+               sliding_slack: int = 0) -> Tuple[float, float]:
+    """(weights, K/V cache): the share of the whole that one rank of `size` holds. Weights, from
+    the config's parameters: the split ones (query and output heads, the dense MLP, the MoE's
+    experts when `experts` is "split") over the group, the K/V projections by the heads a rank
+    keeps, the rest (embeddings, per-layer inputs) whole. The cache at `context` tokens as the
+    family counts it (`kv_cache_bytes`: a window on sliding layers, the context on full ones),
+    with the K/V heads a rank keeps: a head the ranks share is whole on each. The memory check
+    scales the files and the cache by them."""
     text = normalize_text_config(text_config(config))
     width, layers = text["hidden_size"], text["num_hidden_layers"]
     heads, kinds = text["num_attention_heads"], text.get("layer_types") or []
     dims, kv = head_dims(text), kv_heads(text)
     shared_from = layers - (text.get("num_kv_shared_layers") or 0)
-    whole = split = 0.0
-    vocab = text.get("vocab_size") or 0
-    whole += vocab * width + (text.get("vocab_size_per_layer_input") or 0) * layers * (
+    kept = {kind: kv_heads_of(0, size, n)[1] for kind, n in kv.items()}
+    total = per_rank = (text.get("vocab_size") or 0) * width + (text.get("vocab_size_per_layer_input") or 0) * layers * (
         text.get("hidden_size_per_layer_input") or 0)
-    kv_kept = {kind: kv_heads_of(0, size, n)[1] / n for kind, n in kv.items()}
     for i, kind in enumerate(kinds[:layers]):
-        split += 2 * heads * dims[kind] * width
+        split = 2 * heads * dims[kind] * width + 3 * width * (text.get("intermediate_size") or 0) * (
+            2 if text.get("use_double_wide_mlp") and i >= shared_from > 0 else 1)
+        total, per_rank = total + split, per_rank + split / size
         if i < shared_from:
-            keys_equal_values = kind == FULL and text.get("attention_k_eq_v")
-            kv_params = kv[kind] * dims[kind] * width * (1 if keys_equal_values else 2)
-            split += kv_params * kv_kept[kind] * size  # a rank keeps kv_kept of them
-        mlp = 3 * width * (text.get("intermediate_size") or 0)
-        split += mlp * (2 if text.get("use_double_wide_mlp") and i >= shared_from > 0 else 1)
+            per_head = dims[kind] * width * (1 if kind == FULL and text.get("attention_k_eq_v") else 2)
+            total, per_rank = total + kv[kind] * per_head, per_rank + kept[kind] * per_head
         if text.get("enable_moe_block"):
             expert_params = (text.get("num_experts") or 0) * 3 * width * (text.get("moe_intermediate_size") or 0)
-            split += expert_params if experts == "split" else 0
-            whole += expert_params if experts != "split" else 0
-    weights = (whole + split / size) / (whole + split) if whole + split else 1.0
-    cached = kinds[:shared_from]
-    cache = sum(kv_kept[k] * kv[k] * dims[k] for k in cached) / max(sum(kv[k] * dims[k] for k in cached), 1)
-    return weights, cache
+            total, per_rank = total + expert_params, per_rank + expert_params / (size if experts == "split" else 1)
+    whole_cache = kv_cache_bytes(text, context, sliding_slack) or 0
+    rank_text = dict(text, num_key_value_heads=kept[SLIDING])
+    if text.get("attention_k_eq_v") and text.get("num_global_key_value_heads"):
+        rank_text["num_global_key_value_heads"] = kept[FULL]
+    rank_cache = kv_cache_bytes(rank_text, context, sliding_slack) or 0
+    return (per_rank / total if total else 1.0), (rank_cache / whole_cache if whole_cache else 1.0)
