@@ -13,6 +13,7 @@ loopback TCP. They show what a split costs in collectives, not what two Macs gai
 """
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -20,6 +21,7 @@ import sys
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .group_cost import LINK_GBPS, table
+from .models import describe_models
 
 RUNS = {"MTP off": {"mtp": False}, "g = 3": {"draft_tokens": 3, "lookup": False}, "adaptive": {}}
 # One thread of math per rank: the ranks share the machine's cores.
@@ -41,8 +43,7 @@ def main(argv=None):
                 "drafter": args.drafter, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                 "runs": RUNS}
     info = machine()
-    models = {"target": args.model or f"random weights, {args.shape}" if args.random_weights else args.model or "e2b",
-              "drafter": args.drafter}
+    models = describe_models(args)
     print(header("A target split over a group of processes", info,
                  {"ranks": args.ranks, "backend": "ring (localhost)", "prompt": args.prompt_tokens,
                   "tokens": args.max_tokens, "rounds": args.rounds, **models}))
@@ -73,8 +74,6 @@ def main(argv=None):
 
 def run(settings: dict, ranks: int) -> dict:
     """One worker run (bench/group_rank.py): alone, or under mlx.launch over `ranks` processes."""
-    import os
-
     worker = [sys.executable, "-m", "mlx_spec.bench.group_rank", json.dumps(settings)]
     command = worker
     if ranks > 1:
@@ -95,7 +94,7 @@ def summary(rounds, ranks: int):
         alone = statistics.median(r["alone"]["runs"][name]["tps"] for r in rounds)
         split = statistics.median(r["split"]["runs"][name]["tps"] for r in rounds)
         last = rounds[-1]["split"]["runs"][name]
-        differs = [first_difference(r["alone"]["runs"][name]["tokens"], r["split"]["runs"][name]["tokens"]) for r in rounds]
+        differs = [where_they_part(r["alone"]["runs"][name]["tokens"], r["split"]["runs"][name]["tokens"]) for r in rounds]
         first = min((d for d in differs if d is not None), default=None)
         sent = last["payload_bytes_per_token"] * 2 * (ranks - 1) / ranks
         rows.append([name, f"{alone:.1f}", f"{split:.2f}", f"{split / alone:.3f}", f"{last['per_cycle']:.1f}",
@@ -106,8 +105,9 @@ def summary(rounds, ranks: int):
     return rows, records
 
 
-def first_difference(a, b):
-    """The first token where two answers differ (None: they are the same)."""
+def where_they_part(a, b):
+    """The first token where two answers differ (None: they are the same; runs.first_difference
+    also gives the logit gap there, but needs the model, which ran in the workers)."""
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -21,6 +21,7 @@ from typing import Dict, List, Tuple
 from ..models.gemma4.facts import kv_heads
 from ..models.gemma4.sizes import SIZES
 from ..models.gemma4.tensor_parallel import rank_share
+from .runs import expected_tokens
 
 LINK_GBPS = 80  # Thunderbolt 5, each way
 LATENCIES_US = (10, 50)
@@ -53,10 +54,6 @@ def cycle_seconds(g: int, ranks: int, bandwidth_gbs: float, latency_us: float, c
     if drafter_split:
         send += g * DRAFTER_LAYERS * all_reduce(hidden * 2)
     return read + send
-
-
-def expected_tokens(a: float, g: int) -> float:
-    return sum(a ** i for i in range(g + 1))
 
 
 def best(ranks: int, bandwidth: float, latency: float, a: float, config: dict) -> Tuple[int, float]:

@@ -11,6 +11,7 @@ and rank 0 prints one JSON line.
 
 import json
 import sys
+from dataclasses import replace
 import time
 from types import SimpleNamespace
 
@@ -56,7 +57,7 @@ def collectives(engine, prompt, options: Options) -> dict:
 
 
 def timed(engine, prompt, options: Options) -> dict:
-    engine.generate(prompt, Options(**{**vars_of(options), "max_tokens": 8}))  # warm: traces
+    engine.generate(prompt, replace(options, max_tokens=8))  # warm: traces
     began = time.perf_counter()
     result = engine.generate(prompt, options)
     seconds = time.perf_counter() - began
@@ -72,10 +73,6 @@ def first_logits(engine, prompt) -> list:
     return target.logits(hidden)[0, -1].astype(mx.float32).tolist()
 
 
-def vars_of(options: Options) -> dict:
-    return {k: v for k, v in vars(options).items() if not k.startswith("_")}
-
-
 def main(settings: dict) -> None:
     group = mx.distributed.init()
     args = SimpleNamespace(random_weights=settings["random_weights"], shape=settings["shape"],
@@ -86,7 +83,7 @@ def main(settings: dict) -> None:
     for name, options in settings["runs"].items():
         options = Options(max_tokens=settings["max_tokens"], **options)
         out["runs"][name] = {**timed(engine, prompt, options),
-                             **collectives(engine, prompt, Options(**{**vars_of(options), "max_tokens": 24}))}
+                             **collectives(engine, prompt, replace(options, max_tokens=24))}
     if group.rank() == 0:
         print(json.dumps(out), flush=True)
 
