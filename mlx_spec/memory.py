@@ -50,13 +50,18 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def kv_cache_bytes(config: Mapping[str, Any], context: int, registry: Registry = FAMILIES) -> Optional[int]:
+def kv_cache_bytes(config: Mapping[str, Any], context: int, registry: Registry = FAMILIES,
+                   ranks: int = 1) -> Optional[int]:
     """Bytes of a target's K/V cache at `context` tokens, from its config.json (or the published
-    text config of a size), as its family counts them; None where no family can."""
+    text config of a size), as its family counts them; None where no family can. `ranks`: one
+    rank's share where the target is split over that many."""
     family = registry.family_for_config(config) or registry.default
     if family.kv_cache_bytes is None:
         return None
-    return family.kv_cache_bytes(config, context, SLIDING_SLACK)
+    whole = family.kv_cache_bytes(config, context, SLIDING_SLACK)
+    if ranks > 1 and family.rank_share is not None:
+        return int(whole * family.rank_share(config, ranks, "whole", context, SLIDING_SLACK)[1])
+    return whole
 
 
 def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT,

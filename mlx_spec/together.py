@@ -12,6 +12,10 @@ Each request is a task: a generator of events over the one request path (a `Gene
 A task's own `stop()` (a client that left) is asked between chunks and between steps; a stopped
 task is closed: its row leaves the batch, and its sequence goes back to the prompt cache
 consistent, whatever point it was at.
+
+`agree()`, the owner's, is called at the start of each turn and between two chunks: the points
+where a group's ranks take rank 0's decisions (server/agreement.py: the tasks to add, the ones
+stopped), so that every rank starts, steps and stops the same tasks at the same points.
 """
 
 from collections import deque
@@ -21,6 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from mlx_lm.generate import wired_limit
 
 from .decoding.batch import Batch
+from .decoding.lockstep import lost_peer
 from .decoding.reports import WAITING, TokenReport
 from .errors import PromptStopped, SettingsError
 from .generation import Generation
@@ -39,8 +44,8 @@ class Task:
 
 
 class Together:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, agree: Callable[[], None] = lambda: None):
+        self.engine, self.agree = engine, agree
         self.batch = Batch(engine.target, engine.draft_lengths)
         self.tasks: List[Task] = []
 
@@ -62,6 +67,7 @@ class Together:
 
     def turn(self) -> None:
         """Start at most one task, hand over every decoding task's events, step the batch."""
+        self.agree()
         new = next((t for t in self.tasks if t.events is None), None)
         if new is not None:
             self.batch.interrupt()  # its prompt (the last chunk) runs before the next step
@@ -76,6 +82,7 @@ class Together:
 
     def _between_chunks(self, task: Task) -> bool:
         """Between two chunks of `task`'s prompt: the decoding tasks take a step. True: stop it."""
+        self.agree()
         if task.stopped():
             return True
         self._decode_turn()
@@ -99,6 +106,8 @@ class Together:
         except PromptStopped:  # it was stopped during its prompt: nobody to tell
             pass
         except Exception as e:  # the request's own error: reported to it, the others go on
+            if lost_peer(e):  # not the request's: the group is gone, and every task with it
+                raise
             task.emit(e)
         self._end(task)
 

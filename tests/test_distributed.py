@@ -193,12 +193,3 @@ def test_a_rank_that_cannot_reach_the_others_gives_up_in_bounded_time(checkpoint
     assert results[0].returncode != 0
     assert "rank 0 could not reach the other ranks of its group within 3 s" in results[0].stderr
     assert time.monotonic() - began < 30
-
-
-def test_serve_under_mlx_launch_is_refused_until_its_scheduler_follows(checkpoints):
-    """serve across a group is not built yet: it says so at once rather than serving two
-    unsplit copies or hanging."""
-    done = launch([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--port", "0"],
-                  timeout=120)
-    assert "exited with code 1" in done.stderr
-    assert "serve does not run under mlx.launch yet" in done.stderr, done.stderr[-2000:]

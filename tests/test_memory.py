@@ -192,6 +192,11 @@ def test_a_k_v_head_the_ranks_share_is_counted_whole_on_each():
 
     assert rank_share(FAMILY["12b"].text, 2, context=131072)[1] > 0.85
     assert rank_share(FAMILY["31b"].text, 2, context=131072)[1] == pytest.approx(0.5)
+    # The server's admission counts a row's K/V as a rank holds it (server/admission.py).
+    for size, share in (("12b", 0.85), ("31b", 0.5)):
+        whole, rank = (memory.kv_cache_bytes(FAMILY[size].text, 131072, ranks=n) for n in (1, 2))
+        held = rank_share(FAMILY[size].text, 2, "whole", 131072, memory.SLIDING_SLACK)[1]
+        assert rank == int(whole * held) and rank >= share * whole - 1
 
 
 def test_a_quantized_mlp_splits_in_whole_groups_or_is_refused():

@@ -120,21 +120,36 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
         raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
     if max_batch < 1:
         raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
-    if launched_group() is not None:
-        raise SettingsError("serve does not run under mlx.launch yet (chat and generate do): its scheduler's "
-                            "decisions are not sent to the other ranks")
+    group = launched_group()
+    settings = memory_settings()  # here: the click context belongs to this thread
+    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings, group)  # noqa: E731
+    if group is not None and group.rank() != 0:  # rank 0 serves; this rank runs what its scheduler admits
+        follow_group(load(), int(cache_gb * 1e9))
     from ..server import (
         serve as run_server,  # FastAPI and uvicorn only for this command
     )
 
-    settings = memory_settings()  # here: the click context belongs to this thread
-    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings)  # noqa: E731
     run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, max_batch=max_batch,
                log_level=log_level, served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch,
                any_model=any_model)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").
+    end_process()
+
+
+def follow_group(engine, cache_bytes: int) -> None:
+    """`serve` on a rank other than 0: no server; the requests rank 0's scheduler admits, run
+    beside it, until its server stops (or the group loses a rank: a GroupError)."""
+    from ..server.agreement import follow
+
+    follow_quietly(engine)
+    with group_faults(engine):
+        follow(engine, cache_bytes)
+    end_process()
+
+
+def end_process() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,6 +8,7 @@ import sys
 from contextlib import contextmanager
 from typing import Optional
 
+from ..decoding.lockstep import lost_peer
 from ..errors import GroupError
 
 
@@ -51,14 +52,10 @@ def group_faults(engine):
     try:
         yield
     except RuntimeError as e:
-        if engine.lockstep.size == 1 or not str(e).startswith(BACKENDS):
+        if engine.lockstep.size == 1 or not lost_peer(e):
             raise
         raise GroupError(f"the group of {engine.lockstep.size} lost a rank ({e}); this rank "
                          f"({engine.lockstep.rank}) stops too") from None
-
-
-# How MLX's backends begin the errors of a lost peer ("[ring] connection to a peer was lost").
-BACKENDS = ("[ring]", "[jaccl]", "[mpi]", "[nccl]")
 
 
 def follow_quietly(engine) -> bool:

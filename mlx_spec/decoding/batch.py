@@ -51,6 +51,7 @@ from .batch_step import Member, Step, StepBuilder
 from .draft_lengths import DraftLengths
 from .launch import Launcher
 from .limits import MAX_DRAFT_TOKENS, TRIM_ALLOWANCE
+from .lockstep import lost_peer
 from .rows import Row, RowReader, outcome
 
 RECENT_SECONDS = 10.0  # the window of the batch's tokens per second
@@ -135,7 +136,7 @@ class Batch:
             self.launcher.sync(running, ahead)
         except BaseException as e:  # each row's reader raises it; the batch goes on without them
             self._fail(running, e)
-            if not isinstance(e, Exception):
+            if not isinstance(e, Exception) or lost_peer(e):  # a lost rank: no later step can run
                 raise
             return 0
         synced, since, before = time.perf_counter(), self.last_sync, self.last_shape

@@ -6,13 +6,17 @@ wait on the other's all-reduces forever, or sum garbage. Whatever a rank would d
 own clock or its own entropy is taken from rank 0 instead:
 - a step's measured time, which the cost model turns into draft lengths (draft_lengths.py);
 - the seed of a request that gave none;
-- what only rank 0 reads or is told: a chat's lines, a user's Ctrl-C.
+- what only rank 0 reads or is told: a chat's lines, a user's Ctrl-C, a server's requests and
+  its scheduler's decisions (`message`: which requests join the batch, which were cancelled);
+- the memory the scheduler admits rows by (`least`: the smallest rank's, so that a row that
+  fits on rank 0 fits on every rank).
 Everything else the loop decides (acceptance, what a cycle keeps, which rows step) follows
 from the tokens and the logits, which the all-reduces make the same on every rank.
 """
 
+import json
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import mlx.core as mx
 
@@ -72,6 +76,30 @@ class Lockstep:
             return value
         return self._from_leader([1.0 if value else 0.0])[0] > 0
 
+    def message(self, value: Any = None) -> Any:
+        """Rank 0's JSON value, for every rank (None, or anything empty: no news, at the cost of
+        one small all-reduce)."""
+        if self.size == 1:
+            return value
+        line = self.line(json.dumps(value) if self.leader and value else "")
+        return json.loads(line) if line else None
+
+    def least(self, value: float) -> float:
+        """The smallest of every rank's value (each rank's memory budget)."""
+        if self.size == 1:
+            return value
+        return mx.distributed.all_min(mx.array([value], dtype=mx.float32), group=self.group, stream=mx.cpu).item()
+
     def describe(self) -> dict:
         """The group as `--json` and /health report it."""
         return {"size": self.size, "rank": self.rank}
+
+
+# How MLX's backends begin the errors of a lost peer ("[ring] connection to a peer was lost").
+BACKENDS = ("[ring]", "[jaccl]", "[mpi]", "[nccl]")
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether a collective failed because a rank of the group died or its link broke: the run
+    cannot go on (no later collective can complete), as opposed to an error of one request."""
+    return isinstance(error, RuntimeError) and str(error).startswith(BACKENDS)

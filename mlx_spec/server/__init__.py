@@ -6,7 +6,8 @@ app.py: the app and its error handlers; gate.py: what every route checks (key, m
 the prompt's tokens); body.py: reading a request body strictly; schemas.py: chat and completion
 requests, and errors; names.py: the names the model answers to; generation.py: a request's
 prompt tokens, and what it does on the model's thread; streaming.py: a job's events as an HTTP
-answer; worker.py: the scheduler in front of the model (admission.py: whether a row's K/V fit). Per dialect, its routes, its requests
+answer; worker.py: the scheduler in front of the model (admission.py: whether a row's K/V fit;
+agreement.py: its decisions followed by a group's other ranks). Per dialect, its routes, its requests
 translated to a chat request, and its answer objects and events:
 - chat completions and completions: openai_routes.py, schemas.py, chat_objects.py;
 - the Responses API: responses_routes.py, responses_api.py, responses_events.py;
@@ -37,7 +38,7 @@ def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str =
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            worker.cancel_all()  # streams end now, instead of after the graceful-shutdown timeout
+            worker.end_all()  # answers end now, instead of after the graceful-shutdown timeout
             super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))

@@ -6,6 +6,9 @@ B x kv_bytes(N): the family's own count of a sequence's K/V (memory.py, the slid
 their window). The budget is what this machine lets the process use, less the weights and the
 prompt cache's bound. A job is admitted while the rows running and it fit the budget; otherwise
 it waits for a row to end. A job that would not fit alone is refused by name.
+
+Under a group each rank holds its share of every row's K/V (the heads it keeps: memory.py), and
+the budget is the smallest rank's, so that what rank 0 admits fits on every rank.
 """
 
 from typing import Callable, List, Optional
@@ -26,10 +29,10 @@ class KVRoom:
     @classmethod
     def for_engine(cls, engine, cache_bytes: int, budget: Optional[int] = None) -> "KVRoom":
         """The room on this machine for `engine`'s rows, or in `budget` bytes when given."""
-        config = engine.pair.target_config
+        config, ranks = engine.pair.target_config, engine.lockstep.size
 
         def bytes_at(positions: int) -> int:
-            counted = kv_cache_bytes(config, max(positions, 1))
+            counted = kv_cache_bytes(config, max(positions, 1), ranks=ranks)
             return counted if counted is not None else 0  # a family that cannot count: unbounded
 
         if budget is None:
@@ -37,7 +40,7 @@ class KVRoom:
             if engine.assistant is not None:
                 weights += sum(a.nbytes for _, a in tree_flatten(engine.assistant.parameters()))
             budget = int(available_bytes() * (1 - HEADROOM)) - weights - cache_bytes
-        return cls(bytes_at, budget)
+        return cls(bytes_at, int(engine.lockstep.least(budget)))
 
     def fits(self, positions: List[int]) -> bool:
         """Whether rows reaching these positions fit together."""

@@ -53,9 +53,15 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
     gate = Gate(worker, names, defaults, api_key, allow_files, allow_fetch, max_body_bytes)
     add_error_handlers(app)
 
-    @app.get("/health", responses=described(200))
+    @app.get("/health", responses={**described(200), 503: {
+        "description": "Down: the health body with status \"down\" and why", "content": {"application/json": {}}}})
     async def health():
-        return {"status": "ok", "model": names.id, **worker.status(), "group": worker.engine.lockstep.describe()}
+        """The model and the scheduler (running rows, queue, batch tokens per second, prompt
+        cache), the group; a 503 with status "down" and why, once it cannot answer (a lost rank)."""
+        status = worker.status()
+        body = {"status": "down" if "down" in status else "ok", "model": names.id, **status,
+                "group": worker.engine.lockstep.describe()}
+        return JSONResponse(body, status_code=503 if "down" in status else 200)
 
     add_openai_routes(app, gate)
     add_responses_routes(app, gate)

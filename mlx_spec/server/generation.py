@@ -13,7 +13,7 @@ client that leaves during a long prompt stops it at the next chunk. However the 
 cache consistent.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, List, Optional
 
 from ..decoding.reports import WAITING, TokenReport
@@ -92,7 +92,25 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
 
     # The most positions the request's sequence may reach: what the worker's memory check counts.
     work.positions = len(prompt.tokens if isinstance(prompt, Prepared) else prompt) + options.max_tokens
+    work.request = as_request(prompt, options, tools, as_written)
     return work
+
+
+def as_request(prompt: Any, options: Options, tools: Optional[List[dict]], as_written: bool) -> Optional[dict]:
+    """The request as data (JSON), from which a group's other ranks make the same job
+    (`from_request`); None where it cannot be: a prompt with media, or not yet tokenized."""
+    tokens = prompt.tokens if isinstance(prompt, Prepared) and not prompt.spans else prompt
+    if not isinstance(tokens, list) or options.drafter is not None:
+        return None
+    settings = {f.name: getattr(options, f.name) for f in fields(Options) if f.name != "drafter"}
+    return {"tokens": [int(t) for t in tokens], "options": dict(settings, stop=list(options.stop)),
+            "tools": tools, "as_written": as_written}
+
+
+def from_request(request: dict):
+    """The job `generation` made of the request `as_request` gave."""
+    return generation(Prepared(request["tokens"], []), Options(**request["options"]), request["tools"],
+                      request["as_written"])
 
 
 def context_exceeded(e: ContextError, at_least: bool = False) -> APIError:

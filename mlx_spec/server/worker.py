@@ -12,9 +12,17 @@ rest wait in order. A job is admitted only while the K/V of every running row an
 in memory (`KVRoom`); a job that could never fit alone is refused with a 400. Cancelling a job
 (its client left) ends its row at the next chunk or step: the sequence goes back to the prompt
 cache consistent, and the next job in the queue takes its place.
+
+Under a group (`mlx.launch ... mlx-spec serve`), this scheduler runs on rank 0 and the other
+ranks follow it (agreement.py): at the start of each turn and between two prompt chunks, the
+jobs admitted since and the ones cancelled reach every rank as data, so that every rank runs the
+same rows through the same steps. A job's cancellation counts from that point (`Job.agreed`),
+on rank 0 as on the others. A rank that is lost ends every job with a 503 and leaves the server
+down (`status()["down"]`): no step can complete without it.
 """
 
 import asyncio
+import logging
 import queue
 import threading
 from collections import deque
@@ -22,12 +30,15 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 from mlx_lm.generate import wired_limit
 
+from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
 from ..together import Together
 from .admission import KVRoom, too_big
+from .agreement import Agreement
 from .schemas import APIError
 
 END = object()
+LOG = logging.getLogger("mlx_spec.server")
 DEFAULT_MAX_BATCH = 8
 
 
@@ -36,8 +47,11 @@ class Job:
         self.work = work
         self.loop = loop
         self.positions = positions  # the most positions its sequence may reach (prompt and answer)
+        self.request = getattr(work, "request", None)  # the request as data, for a group's other ranks
         self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()
+        self.cancelled = threading.Event()  # its client left, or the server is stopping
+        self.agreed = threading.Event()  # ... as of the last agreement: what its row follows
+        self.number = -1  # in the order of admission
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -71,6 +85,8 @@ class Worker:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.max_batch = max_batch
         self.engine, self.cache, self.room, self._load_error = None, None, None, None
+        self.agreement: Optional[Agreement] = None
+        self.down: Optional[str] = None  # why the server cannot answer any more (its group lost a rank)
         self.jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
         self.waiting: deque = deque()  # jobs taken off the queue, not admitted yet (no room)
         self.running: list = []
@@ -92,12 +108,18 @@ class Worker:
         # A request's answer is cut to what the context leaves: it never reaches past it.
         positions = min(getattr(work, "positions", 0), self.engine.context_length)
         job = Job(work, asyncio.get_running_loop(), positions)
+        refusal = self._down_error() if self.down is not None else self.agreement.refusal(job)
+        if refusal is not None:
+            job.emit(refusal)
+            job.emit(END)
+            return job
         self.jobs.put(job)
         return job
 
     def status(self) -> dict:
         with self._lock:
-            return {"running": len(self.running), "waiting": len(self.waiting) + self.jobs.qsize(),
+            down = {"down": self.down} if self.down is not None else {}
+            return {**down, "running": len(self.running), "waiting": len(self.waiting) + self.jobs.qsize(),
                     "max_batch": self.max_batch, "batch": dict(self.snapshot), "served": self.served,
                     "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
 
@@ -108,6 +130,17 @@ class Worker:
         for job in jobs:
             if job is not None:
                 job.cancel()
+
+    def end_all(self) -> None:
+        """The server is stopping: every job is cancelled, and its answer ends now with a 503
+        rather than at its row's next step (which a group that lost a rank never reaches)."""
+        self.cancel_all()
+        with self._lock:
+            jobs = [*self.running, *self.waiting, *list(self.jobs.queue)]
+        for job in jobs:
+            if job is not None:
+                job.emit(APIError(503, "The server is shutting down.", type="server_error"))
+                job.emit(END)
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel every job and stop the thread."""
@@ -121,15 +154,34 @@ class Worker:
             self.engine = load()
             self.cache = PromptCache(self.engine.target, cache_bytes)
             self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
-            together = Together(self.engine)
+            self.agreement = Agreement(self.engine.lockstep)
+            together = Together(self.engine, self._agree)
         except BaseException as e:
             self._load_error = e
             return
         finally:
             loaded.set()
+        try:
+            self._schedule(together)
+            self.agreement.close()
+        except RuntimeError as e:
+            if not lost_peer(e):
+                raise
+            self._lose_group(e)
+        together.close()
+        for job in [*self.running, *self.waiting]:  # the server is stopping: their streams end now
+            self._finish(job)
+        while self.down is not None:  # what was queued meanwhile is refused, until the server stops
+            job = self.jobs.get()
+            if job is None:
+                return
+            job.emit(self._down_error())
+            self._finish(job)
+
+    def _schedule(self, together: Together) -> None:
         while not self._closing:
             if not together.busy and not self._take(block=True):
-                break
+                return
             self._take(block=False)
             self._admit(together)
             if together.busy:
@@ -139,9 +191,28 @@ class Worker:
                         self._after_turn(together)
                         self._take(block=False)
                         self._admit(together)
-        together.close()
-        for job in [*self.running, *self.waiting]:  # the server is stopping: their streams end now
-            self._finish(job)
+
+    def _agree(self) -> None:
+        """What every rank follows from here (Together calls it at each turn and between two
+        chunks): the jobs admitted since the last time, and the running ones cancelled."""
+        with self._lock:
+            left = [j for j in self.running if j.cancelled.is_set() and not j.agreed.is_set()]
+        self.agreement.send(left)
+        for job in left:
+            job.agreed.set()
+
+    def _lose_group(self, error: RuntimeError) -> None:
+        """The group lost a rank: every job ends with a 503, and so does every later request."""
+        self.down = (f"the group of {self.engine.lockstep.size} lost a rank ({error}); the server cannot answer "
+                     f"until it is started again")
+        LOG.error("mlx-spec: %s", self.down)
+        with self._lock:
+            self.snapshot = dict(self.snapshot, rows=0, tokens_per_second=0.0)
+        for job in [*self.running, *self.waiting]:
+            job.emit(self._down_error())
+
+    def _down_error(self) -> APIError:
+        return APIError(503, f"The server is down: {self.down}.", type="server_error")
 
     def _take(self, block: bool) -> bool:
         """Move submitted jobs into the waiting line; False when the worker is to stop."""
@@ -172,8 +243,9 @@ class Worker:
                 return
             with self._lock:
                 self.running.append(self.waiting.popleft())
+            self.agreement.admit(job)
             together.add(lambda stop, job=job: job.work(self.engine, self.cache, stop, together.batch),
-                         job.emit, job.cancelled.is_set).info["job"] = job
+                         job.emit, job.agreed.is_set).info["job"] = job
 
     def _after_turn(self, together: Together) -> None:
         """Finish the jobs whose tasks ended, and note the batch's figures for /health."""

@@ -1,0 +1,113 @@
+"""The scheduler's decisions, made once on rank 0 and followed by every rank of a group.
+
+Under `mlx.launch ... mlx-spec serve` rank 0 takes the requests and runs the scheduler
+(worker.py); the other ranks take no requests and run `follow`. Each rank holds its own shard of
+the target, so every target pass is a collective: all ranks must start the same rows, step them
+in the same order and stop them at the same point. The decisions that come from outside the
+model (which request arrived, whether its K/V fit, when its client left) are rank 0's; at every
+agreement point (`Together.agree`: each turn's start, between two prompt chunks) rank 0 sends
+what it decided since the last one, as data:
+- `add`: the requests admitted, in order: their prompt tokens, settings and form of answer,
+  which the other ranks turn into the same job (server/generation.py: `from_request`);
+- `cancel`: the numbers (in order of admission) of the running requests cancelled;
+- `close`: the server is stopping.
+Everything else (what a row keeps, when it ends, the prompt cache's hits and evictions, the
+seed of an unseeded request, the cost model's draft lengths) follows from the tokens and the
+all-reduced logits, or is itself agreed (decoding/lockstep.py), the same on every rank. A
+point with no news costs one small all-reduce.
+"""
+
+import threading
+from typing import Dict, List, Optional
+
+from mlx_lm.generate import wired_limit
+
+from ..decoding.prompt_cache import PromptCache
+from ..together import Together
+from .admission import KVRoom
+from .generation import from_request
+from .schemas import APIError
+
+
+class Agreement:
+    """Rank 0's side: the news since the last agreement point, sent to the other ranks."""
+
+    def __init__(self, lockstep):
+        self.lockstep = lockstep
+        self.admitted = 0
+        self.added: List[dict] = []
+
+    def refusal(self, job) -> Optional[APIError]:
+        """Why a group cannot take this job (its request cannot be sent as data), if it cannot."""
+        if self.lockstep.size > 1 and job.request is None:
+            return APIError(400, f"Images and audio are not served across a group of {self.lockstep.size} yet "
+                            f"(every rank would need the request's media); send text, or serve from one machine.",
+                            param="messages", code="invalid_value")
+        return None
+
+    def admit(self, job) -> None:
+        job.number, self.admitted = self.admitted, self.admitted + 1
+        if self.lockstep.size > 1:
+            self.added.append(job.request)
+
+    def send(self, cancelled: list) -> None:
+        """The news: the jobs admitted since the last point, and the running jobs `cancelled`."""
+        if self.lockstep.size == 1:
+            return
+        news = {"add": self.added, "cancel": [job.number for job in cancelled]}
+        self.added = []
+        self.lockstep.message(news if news["add"] or news["cancel"] else None)
+
+    def close(self) -> None:
+        if self.lockstep.size > 1:
+            self.lockstep.message({"close": True})
+
+
+class Closed(Exception):
+    """Rank 0's server stopped: the follower stops too."""
+
+
+class Follower:
+    """A rank other than 0: the jobs rank 0 admits, run step for step beside it. Their events
+    go nowhere (rank 0 answers); their errors are the same as rank 0's and end only them."""
+
+    def __init__(self, engine, cache_bytes: int, kv_budget: Optional[int] = None):
+        self.engine = engine
+        self.cache = PromptCache(engine.target, cache_bytes)
+        KVRoom.for_engine(engine, cache_bytes, kv_budget)  # this rank's memory joins the group's (its least)
+        self.stopped: Dict[int, threading.Event] = {}  # the running jobs' cancellation, by number
+        self.admitted = 0
+        self.together = Together(engine, self._agree)
+
+    def run(self) -> None:
+        """Until rank 0's server stops (or a lost rank raises: cli/group.py says which)."""
+        try:
+            with wired_limit(self.engine.target.model):
+                while True:
+                    self.together.turn()
+        except Closed:
+            pass
+        finally:
+            self.together.close()
+
+    def _agree(self) -> None:
+        news = self.engine.lockstep.message() or {}
+        if news.get("close"):
+            raise Closed
+        live = {task.info["number"] for task in self.together.tasks}
+        self.stopped = {n: e for n, e in self.stopped.items() if n in live}
+        for request in news.get("add", []):
+            work, stopped = from_request(request), threading.Event()
+            self.stopped[self.admitted] = stopped
+            task = self.together.add(
+                lambda stop, work=work: work(self.engine, self.cache, stop, self.together.batch),
+                lambda event: None, stopped.is_set)
+            task.info["number"], self.admitted = self.admitted, self.admitted + 1
+        for number in news.get("cancel", []):  # (a job that ended this turn is no longer here)
+            if number in self.stopped:
+                self.stopped[number].set()
+
+
+def follow(engine, cache_bytes: int, kv_budget: Optional[int] = None) -> None:
+    """Serve as a rank other than 0 of a group (see the module docstring)."""
+    Follower(engine, cache_bytes, kv_budget).run()

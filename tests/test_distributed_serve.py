@@ -1,0 +1,216 @@
+"""`mlx-spec serve` across a group: rank 0 takes the requests and runs the scheduler, the other
+rank follows its decisions (server/agreement.py). Against a single-process server on the same
+checkpoint, with the official clients, several requests at once; and a rank that dies while a
+request streams.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from serving import ENV, ROOT, Server, free_port
+from test_distributed import THREADS, free_ports
+
+from mlx_spec.media.items import MediaItem, MediaSpan, Prepared
+from mlx_spec.options import Options
+from mlx_spec.server.agreement import Agreement
+from mlx_spec.server.generation import as_request, from_request
+
+pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None, reason="mlx.launch (installed with mlx) is missing")
+
+
+class GroupServer:
+    """`serve` on 2 ranks: started by mlx.launch, or by hand (`by_hand`: each rank with the
+    environment mlx.launch gives it, so that rank 0 outlives a rank that dies)."""
+
+    def __init__(self, checkpoints, by_hand: bool = False):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--drafter",
+                   str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target"]
+        folder = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.logs = [open(folder / f"mlx-spec-group-{self.port}-{rank}.log", "w+") for rank in (0, 1)]
+        first = free_ports(2)
+        env = {**ENV, **THREADS}
+        if by_hand:
+            hostfile = folder / f"mlx-spec-hosts-{first}.json"
+            hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(2)]))
+            self.procs = [subprocess.Popen(command, cwd=ROOT, stdout=self.logs[r], stderr=subprocess.STDOUT,
+                                           env={**env, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(r)})
+                          for r in range(2)]
+        else:
+            launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", "2", "--starting-port", str(first)]
+            for name, value in THREADS.items():
+                launcher += ["--env", f"{name}={value}"]
+            self.procs = [subprocess.Popen(launcher + command, cwd=ROOT, stdout=self.logs[0], stderr=subprocess.STDOUT,
+                                           env=env, start_new_session=True)]
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert all(p.poll() is None for p in self.procs), self.output()
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise AssertionError(f"the group's server did not start:\n{self.output()}")
+
+    def health(self) -> httpx.Response:
+        return httpx.get(self.url + "/health", timeout=5.0)
+
+    def output(self) -> str:
+        text = ""
+        for log in self.logs:
+            log.flush()
+            log.seek(0)
+            text += log.read()[-3000:]
+        return text
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                (os.killpg(proc.pid, signal.SIGTERM) if len(self.procs) == 1 else proc.terminate())
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# Several at once, of different lengths and settings: greedy, seeded nucleus sampling, a stop
+# string, MTP off, past the tiny window (12) in every answer but the one a stop string ends.
+CHATS = [
+    dict(content="the first of several questions " * 3, max_tokens=40),
+    dict(content="a second, sampled " * 9, max_tokens=36, temperature=1.0, top_p=0.9, seed=7),
+    dict(content="third, up to a stop string " * 12, max_tokens=30, stop=["e", "ab"]),
+    dict(content="fourth, with the target alone " * 2, max_tokens=28, extra_body={"mtp": False}),
+    dict(content="fifth, sampled at top-k " * 5, max_tokens=44, temperature=0.8, seed=3, extra_body={"top_k": 20}),
+]
+
+
+def chat_answer(url: str, request: dict, stream: bool):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    request = dict(request)
+    content = request.pop("content")
+    kwargs = dict(model="target", messages=[{"role": "user", "content": content}], logprobs=True, **request)
+    if not stream:
+        answer = client.chat.completions.create(**kwargs)
+        return [t.token for t in answer.choices[0].logprobs.content], answer.choices[0].message.content
+    tokens, text = [], ""
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            tokens += [t.token for t in chunk.choices[0].logprobs.content]
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    return tokens, text
+
+
+def other_dialects(url: str):
+    """A raw completion with a stop string, and Anthropic's Messages API, answered whole."""
+    completion = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120).completions.create(
+        model="target", prompt="a raw prompt, " * 6, max_tokens=32, stop=["e"])
+    message = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120).messages.create(
+        model="target", max_tokens=24, messages=[{"role": "user", "content": "the messages dialect"}])
+    return completion.choices[0].text, completion.choices[0].finish_reason, message.content[0].text
+
+
+def leave_early(url: str, words: int) -> int:
+    """A streamed chat whose client leaves after its third chunk (its prompt of `words` words
+    goes in by chunks beside the others' steps); the chunks it saw."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    stream = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "long " * words}],
+                                            max_tokens=200, stream=True)
+    seen = 0
+    for seen, _ in enumerate(stream, 1):
+        if seen == 3:
+            break
+    stream.close()
+    return seen
+
+
+def everything_at_once(url: str):
+    with ThreadPoolExecutor(len(CHATS) + 3) as pool:
+        leaving = [pool.submit(leave_early, url, words) for words in (600, 40)]
+        chats = [pool.submit(chat_answer, url, request, i % 2 == 0) for i, request in enumerate(CHATS)]
+        dialects = pool.submit(other_dialects, url)
+        assert [f.result() for f in leaving] == [3, 3]
+        return [f.result() for f in chats], dialects.result()
+
+
+def test_serve_under_mlx_launch_answers_as_one_process_does(checkpoints):
+    """`mlx.launch ... mlx-spec serve`: several requests at once (streamed and whole, greedy and
+    seeded, two clients leaving early, one with a prompt of two chunks that the others step between), then the same again from the
+    prompt cache: every answer is the single-process server's, token for token, and /health
+    names the group."""
+    group, single = GroupServer(checkpoints), Server(checkpoints, "--served-model-name", "target")
+    try:
+        health = group.health().json()
+        assert health["status"] == "ok" and health["group"] == {"size": 2, "rank": 0}
+        expected = [chat_answer(single.url, request, stream=False) for request in CHATS], other_dialects(single.url)
+        for round in range(2):  # the second: every conversation resumed from the prompt cache
+            assert everything_at_once(group.url) == expected, (round, group.output())
+        health = group.health().json()
+        assert health["served"] == 2 * (len(CHATS) + 4)
+        assert health["prompt_cache"]["sequences"] > 0 and health["running"] == 0
+    finally:
+        group.stop()
+        single.stop()
+
+
+def test_a_rank_lost_while_serving_ends_its_requests_and_the_server_says_down(checkpoints):
+    """Rank 1 killed while a request streams (the ranks started by hand: mlx.launch would end
+    rank 0 as well): the stream ends with a 503 naming the lost rank, /health is a 503 "down",
+    and a new request gets the same 503 at once."""
+    group = GroupServer(checkpoints, by_hand=True)
+    try:
+        client = openai.OpenAI(base_url=group.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        stream = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=400, stream=True)
+        began = time.monotonic()
+        with pytest.raises(openai.APIError, match="the group of 2 lost a rank"):
+            for seen, _ in enumerate(stream, 1):
+                if seen == 3:
+                    group.procs[1].kill()
+        assert time.monotonic() - began < 60
+        health = group.health()
+        assert health.status_code == 503 and health.json()["status"] == "down"
+        assert "lost a rank" in health.json()["down"] and health.json()["running"] == 0
+        with pytest.raises(openai.InternalServerError, match="The server is down"):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "still there?"}],
+                                           max_tokens=4)
+    finally:
+        group.stop()
+
+
+def test_a_request_travels_to_the_other_ranks_as_data(checkpoints):
+    """The request rank 0 admits reaches the others as JSON and becomes the same job; a prompt
+    with media cannot (each rank would need its arrays) and a group refuses it by name."""
+    options = Options(max_tokens=9, temperature=0.7, top_k=5, top_p=0.8, seed=4, draft_tokens=2, stop=("x", "yz"),
+                      fit_context=True)
+    request = as_request(Prepared([2, 5, 7], []), options, None, True)
+    again = json.loads(json.dumps(request))
+    assert again == request and Options(**again["options"]) == options and again["as_written"] is True
+    assert from_request(again).positions == 3 + 9
+
+    item = MediaItem("image", 1, "digest", ())
+    with_media = as_request(Prepared([2, 5, 7], [MediaSpan(1, item, lambda: None)]), options, None, False)
+    assert with_media is None
+
+    class Job:
+        request = with_media
+
+    class Group:
+        size = 2
+
+    refusal = Agreement(Group()).refusal(Job())
+    assert refusal.status == 400 and "not served across a group of 2" in refusal.message
+    assert Agreement(type("Alone", (), {"size": 1})()).refusal(Job()) is None
