@@ -46,10 +46,26 @@ def load(
     the target over it, tensor-parallel, each rank reading its own shard of the weights; every
     rank must then make the same calls; `experts` "split" divides a mixture's experts between the
     ranks too (by default each keeps them whole). Raises `LoadError` with a message naming the
-    problem.
+    problem; under a group, on every rank where any rank cannot load (its memory, its files).
     """
-    model, drafter = resolve_names(model, drafter, registry)
     lockstep = Lockstep(group if group is not None and group.size() > 1 else None)
+    try:
+        engine, refusal = _load(model, drafter, drafter_bits, drafter_mode, context, force, media, registry, lockstep,
+                                experts), None
+    except LoadError as e:
+        if lockstep.size == 1:
+            raise
+        engine, refusal = None, e
+    if lockstep.size > 1:  # a rank that cannot load stops every rank, rather than leave them waiting for it
+        first = int(lockstep.least(float(lockstep.rank if refusal is not None else lockstep.size)))
+        if first < lockstep.size:
+            raise refusal or LoadError(f"rank {first} of the group of {lockstep.size} could not load its share "
+                                       f"(its own message says why); this rank ({lockstep.rank}) stops too")
+    return engine
+
+
+def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, registry, lockstep, experts) -> Engine:
+    model, drafter = resolve_names(model, drafter, registry)
     check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")

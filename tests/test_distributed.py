@@ -65,10 +65,11 @@ def launch(command, ranks: int = 2, timeout: float = 240, env=None) -> subproces
                           env={**os.environ, **THREADS, **(env or {})})
 
 
-def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None):
+def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None, extra=None):
     """The ranks started without mlx.launch (which would end the others when one dies): each
     with the environment mlx.launch gives it. `started`: the ranks to start (the others are
-    never started). Returns each started rank's CompletedProcess-like (returncode, stdout, stderr)."""
+    never started); `extra`: arguments added to a rank's command, by rank. Returns each started
+    rank's CompletedProcess-like (returncode, stdout, stderr)."""
     first = free_ports(ranks)
     hosts = json.dumps([[f"127.0.0.1:{first + r}"] for r in range(ranks)])
     folder = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -76,7 +77,7 @@ def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=Non
     hostfile.write_text(hosts)
     procs = {}
     for rank in (started if started is not None else range(ranks)):
-        procs[rank] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
                                             "MLX_RANK": str(rank)})
     results = {}
@@ -193,3 +194,14 @@ def test_a_rank_that_cannot_reach_the_others_gives_up_in_bounded_time(checkpoint
     assert results[0].returncode != 0
     assert "rank 0 could not reach the other ranks of its group within 3 s" in results[0].stderr
     assert time.monotonic() - began < 30
+
+
+def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):
+    """Rank 1's memory check refuses (its command asks for a context no machine holds): it says
+    why, and rank 0 stops too, naming rank 1, instead of waiting for it at the first collective."""
+    results = by_hand([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]),
+                       "--drafter", str(checkpoints["assistant"]), "--prompt", "hi", "-m", "4"],
+                      extra={1: ["--context", "2000000000"]}, timeout=90)
+    assert results[1].returncode == 1 and "needs about" in results[1].stderr, results[1].stderr[-2000:]
+    assert results[0].returncode == 1, results[0].stderr[-2000:]
+    assert "rank 1 of the group of 2 could not load its share" in results[0].stderr
