@@ -30,6 +30,7 @@ RUNS = {  # past the tiny window (12) in every run
     "adaptive": dict(max_tokens=40),
     "off": dict(max_tokens=40, mtp=False),
     "seeded": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, draft_tokens=3),
+    "seeded_off": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, mtp=False),
 }
 # One thread of math per rank: two ranks share this machine's cores.
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -127,7 +128,8 @@ def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, fami
     for name in RUNS:
         for r in ranks:
             assert r[name] == expected[name], (variant, name, r["rank"])
-    assert expected["g4"] == expected["off"] == expected["adaptive"]  # MTP on gives MTP off's tokens
+    # MTP on gives MTP off's tokens, greedy and seeded (one uniform per output index)
+    assert expected["g4"] == expected["off"] == expected["adaptive"] and expected["seeded"] == expected["seeded_off"]
 
 
 def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints):
