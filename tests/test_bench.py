@@ -189,6 +189,9 @@ def test_batch(tiny_models, tmp_path):
             assert len(r[key]["rounds_tps"]) == 2 and r[key]["total_tps"] == sum(r[key]["rounds_tps"]) / 2
         ratios = [a / b for a, b in zip(r["default"]["rounds_tps"], r["mtp_off"]["rounds_tps"])]
         assert r["ratios"]["default / off"]["median"] == pytest.approx(sum(ratios) / 2)
+        # The prompts alone take part of every run; the decoding ratio leaves them out of both.
+        assert 0 < r["prompts_s"] < min(r["default"]["seconds"], r["one_after_another"]["seconds"])
+        assert len(r["ratios"]["decoding: default / one after another"]["rounds"]) == 2
     assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
 
 

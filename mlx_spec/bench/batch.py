@@ -135,9 +135,13 @@ def measure(engine, batch, progress, c: int, rounds: int) -> dict:
     configs = {"default": lambda: timed_ours(engine, batch), "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
                "fixed_g": lambda: timed_ours(engine, batch, draft_tokens=G), "mlx_lm": lambda: timed_mlx_lm(engine, batch),
                "one_after_another": lambda: timed_one_after_another(engine, batch)}
-    runs = {k: [] for k in CONFIGS}
+    # The prompts alone (each answer one token): the same passes in every configuration, so what
+    # the batch can gain is in the rest (on a CPU, where a prompt's pass is compute-bound, they
+    # are a large part of a run).
+    configs["prompts"] = lambda: timed_ours(engine, [(prompt, 1) for prompt, _ in batch])
+    runs = {k: [] for k in (*CONFIGS, "prompts")}
     for r in range(rounds):
-        for k in CONFIGS[:: 1 if r % 2 == 0 else -1]:
+        for k in (*CONFIGS, "prompts")[:: 1 if r % 2 == 0 else -1]:
             runs[k].append(configs[k]())
         progress.step(f"{c} at once, round {r + 1}")
     first = {k: v[0] for k, v in runs.items()}
@@ -152,6 +156,11 @@ def measure(engine, batch, progress, c: int, rounds: int) -> dict:
         row[k]["rounds_tps"] = [run["total_tps"] for run in runs[k]]
     row["ratios"] = {name: spread([a["total_tps"] / b["total_tps"] for a, b in zip(runs["default"], runs[other])])
                      for name, other in RATIOS.items()}
+    row["prompts_s"] = statistics.median(run["seconds"] for run in runs["prompts"])
+    # One after another over the default, each less the prompts' time of its round.
+    row["ratios"]["decoding: default / one after another"] = spread([
+        (b["seconds"] - p["seconds"]) / (a["seconds"] - p["seconds"])
+        for a, b, p in zip(runs["default"], runs["one_after_another"], runs["prompts"])])
     row["step_cost"] = step_cost(engine, c)
     return row
 
@@ -224,6 +233,12 @@ def print_tables(rows, bars) -> None:
                       same_tokens(r)])
     print(markdown(["at once", "default tok/s", "MTP off", f"g = {G}", "mlx-lm batched", "one after another",
                     *RATIOS, "per request (default)", "same tokens"], table))
+    print("\nThe prompts alone (every answer one token) and what the batch gains on the rest:\n")
+    print(markdown(["at once", "prompts alone (s)", "default run (s)", "one after another (s)",
+                    "decoding: default / one after another"],
+                   [[r["concurrency"], f"{r['prompts_s']:.2f}", f"{r['default']['seconds']:.2f}",
+                     f"{r['one_after_another']['seconds']:.2f}",
+                     f"{r['ratios']['decoding: default / one after another']['median']:.2f}"] for r in rows]))
     print("\nTotal tok/s: every token over the wall time from the moment all the requests were sent (prompts "
           "included); per request: each request's tokens after its first over its own time from first to last. "
           "Each the median of the rounds; each ratio the median of the rounds' ratios.")
