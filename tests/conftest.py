@@ -107,6 +107,16 @@ def long_trained(trained, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def multimodal(tmp_path_factory):
+    """The 12B's tiny multimodal checkpoint (vision and audio towers, Google's layout, with a
+    tokenizer) and its assistant: {"text": folder, "assistant": folder}."""
+    return built_once(tmp_path_factory, "multimodal", lambda root: {
+        "text": tiny.build_target(root / "target", layout="google", variant="12b"),
+        "assistant": tiny.build_family_assistant(root / "assistant", "12b"),
+    })
+
+
+@pytest.fixture(scope="session")
 def family(tmp_path_factory):
     """Tiny checkpoints of each Gemma 4 size (tiny.VARIANTS), each built on first use:
     family(variant) -> {"target": folder, "assistant": folder}."""

@@ -66,10 +66,11 @@ def launch(command, ranks: int = 2, timeout: float = 240, env=None) -> subproces
                           env={**os.environ, **THREADS, **(env or {})})
 
 
-def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None, extra=None):
+def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None, extra=None, cwds=None):
     """The ranks started without mlx.launch (which would end the others when one dies): each
     with the environment mlx.launch gives it. `started`: the ranks to start (the others are
-    never started); `extra`: arguments added to a rank's command, by rank. Returns each started
+    never started); `extra`: arguments added to a rank's command, by rank; `cwds`: a rank's
+    working folder, by rank. Returns each started
     rank's CompletedProcess-like (returncode, stdout, stderr)."""
     first = free_ports(ranks)
     hosts = json.dumps([[f"127.0.0.1:{first + r}"] for r in range(ranks)])
@@ -78,7 +79,7 @@ def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=Non
     hostfile.write_text(hosts)
     procs = {}
     for rank in (started if started is not None else range(ranks)):
-        procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), cwd=(cwds or {}).get(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
                                             "MLX_RANK": str(rank)})
     results = {}
@@ -207,3 +208,28 @@ def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):
     assert results[1].returncode == 1 and "needs about" in results[1].stderr, results[1].stderr[-2000:]
     assert results[0].returncode == 1, results[0].stderr[-2000:]
     assert "rank 1 of the group of 2 could not load its share" in results[0].stderr
+
+
+def test_generate_with_media_under_a_group_reads_the_files_on_rank_0_alone(multimodal, tmp_path):
+    """`generate --image --audio` over 2 ranks, each in its own folder, the files given by
+    relative paths that only rank 0's folder holds: rank 0 reads them and every rank takes
+    their bytes, and the answer is the single process's."""
+    from test_media_prompt import clip, wav_bytes
+    from test_server_media import png_bytes
+
+    here, elsewhere = tmp_path / "rank0", tmp_path / "rank1"
+    here.mkdir()
+    elsewhere.mkdir()
+    (here / "picture.png").write_bytes(png_bytes(seed=6))
+    (here / "clip.wav").write_bytes(wav_bytes(clip(seed=3)))
+    command = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(multimodal["text"]), "--drafter",
+               str(multimodal["assistant"]), "--image", "picture.png", "--audio", "clip.wav", "--image-tokens", "70",
+               "--prompt", "What is in this picture and this sound?", "-m", "16", "--json"]
+    single = subprocess.run(command, cwd=here, capture_output=True, text=True, timeout=180, env={**os.environ, **THREADS})
+    assert single.returncode == 0, single.stderr[-2000:]
+    results = by_hand(command, cwds={0: here, 1: elsewhere}, timeout=240)
+    assert results[1].returncode == 0 and results[0].returncode == 0, (results[0].stderr[-2000:], results[1].stderr[-2000:])
+    reference = [json.loads(line) for line in single.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in results[0].stdout.splitlines() if line.startswith("{")]
+    assert [d["token"] for d in lines[:-1]] == [d["token"] for d in reference[:-1]] and len(lines) > 4
+    assert lines[-1]["group"] == {"size": 2, "rank": 0} and results[1].stdout == ""

@@ -16,15 +16,17 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import numpy as np
 import openai
 import pytest
 from serving import ENV, ROOT, Server, free_port
 from test_distributed import THREADS, free_ports
+from test_media_prompt import clip, wav_bytes
 
 from mlx_spec.media.items import MediaItem, MediaSpan, Prepared
 from mlx_spec.options import Options
 from mlx_spec.server.agreement import Agreement
-from mlx_spec.server.generation import as_request, from_request
+from mlx_spec.server.generation import as_request, from_request, media_item
 
 pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None, reason="mlx.launch (installed with mlx) is missing")
 
@@ -33,11 +35,11 @@ class GroupServer:
     """`serve` on 2 ranks: started by mlx.launch, or by hand (`by_hand`: each rank with the
     environment mlx.launch gives it, so that rank 0 outlives a rank that dies)."""
 
-    def __init__(self, checkpoints, by_hand: bool = False):
+    def __init__(self, checkpoints, by_hand: bool = False, extra=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--drafter",
-                   str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target"]
+                   str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target", *extra]
         folder = Path(os.environ.get("TMPDIR", "/tmp"))
         self.logs = [open(folder / f"mlx-spec-group-{self.port}-{rank}.log", "w+") for rank in (0, 1)]
         first = free_ports(2)
@@ -192,25 +194,49 @@ def test_a_rank_lost_while_serving_ends_its_requests_and_the_server_says_down(ch
 
 
 def test_a_request_travels_to_the_other_ranks_as_data(checkpoints):
-    """The request rank 0 admits reaches the others as JSON and becomes the same job; a prompt
-    with media cannot (each rank would need its arrays) and a group refuses it by name."""
+    """The request rank 0 admits reaches the others as JSON and becomes the same job, its media
+    as the very arrays the encoder reads; a request that cannot be sent (a drafter object, only
+    the Python API makes one) is refused by a group, by name."""
     options = Options(max_tokens=9, temperature=0.7, top_k=5, top_p=0.8, seed=4, draft_tokens=2, stop=("x", "yz"),
                       fit_context=True)
-    request = as_request(Prepared([2, 5, 7], []), options, None, True)
+    pixels = np.random.default_rng(0).random((1, 3, 4, 5)).astype(np.float32)
+    item = MediaItem.of("image", 3, pixels, np.arange(6, dtype=np.int64))
+    request = as_request(Prepared([2, 5, 7, 7, 7, 9], [MediaSpan(2, item, lambda: None)]), options, None, True)
     again = json.loads(json.dumps(request))
     assert again == request and Options(**again["options"]) == options and again["as_written"] is True
-    assert from_request(again).positions == 3 + 9
-
-    item = MediaItem("image", 1, "digest", ())
-    with_media = as_request(Prepared([2, 5, 7], [MediaSpan(1, item, lambda: None)]), options, None, False)
-    assert with_media is None
+    assert from_request(again).positions == 6 + 9
+    rebuilt = media_item(again["media"][0])
+    assert rebuilt == item and all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(rebuilt.arrays, item.arrays))
+    assert again["media"][0]["start"] == 2
 
     class Job:
-        request = with_media
+        request = as_request([2, 5], Options(drafter=object()), None, False)
 
     class Group:
         size = 2
 
+    assert Job.request is None
     refusal = Agreement(Group()).refusal(Job())
-    assert refusal.status == 400 and "not served across a group of 2" in refusal.message
+    assert refusal.status == 400 and "cannot be sent to the other ranks" in refusal.message
     assert Agreement(type("Alone", (), {"size": 1})()).refusal(Job()) is None
+
+
+def test_serve_under_mlx_launch_answers_images_and_audio_as_one_process_does(multimodal):
+    """An image and a clip in a chat request to a group's server (the 12B's tiny multimodal
+    checkpoint): rank 0 sends the encoder's arrays, every rank embeds them, and the answer is
+    the single process's; the same image again resumes from the prompt cache on every rank."""
+    from mlx_spec import load
+    from test_server_media import IMAGE_TOKENS, ask, audio_part, image_part, png_bytes
+
+    messages = ask(image_part(png_bytes(seed=5)), audio_part(wav_bytes(clip(seed=2))))
+    engine = load(str(multimodal["text"]), str(multimodal["assistant"]))
+    expected = engine.generate(messages, max_tokens=24, image_tokens=IMAGE_TOKENS).tokens
+    group = GroupServer(multimodal, extra=["--image-tokens", str(IMAGE_TOKENS)])
+    try:
+        client = openai.OpenAI(base_url=group.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        for _ in range(2):
+            reply = client.chat.completions.create(model="target", messages=messages, max_tokens=24, logprobs=True)
+            assert [t.token for t in reply.choices[0].logprobs.content] == [engine.text.token_text(t) for t in expected]
+        assert reply.usage.prompt_tokens_details.cached_tokens > 0
+    finally:
+        group.stop()

@@ -11,7 +11,7 @@ import click
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
-from .group import follow_quietly, group_faults, launched_group
+from .group import follow_quietly, group_faults, launched_group, shared_file
 from .terminal import TokenPrinter, stats_line
 
 
@@ -53,14 +53,14 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
     if raw and (images or clips):
         raise SettingsError("--image and --audio need the chat template: leave out --raw")
     group = launched_group()
-    if group is not None and (images or clips):  # each rank would read its own machine's files
-        raise SettingsError("--image and --audio do not run under mlx.launch yet")
     if prompt is None or prompt == "-":
         if group is not None:  # mlx.launch forwards standard input to every rank, but never its end
             raise SettingsError("under mlx.launch, give the prompt with --prompt (standard input never ends there)")
         prompt = sys.stdin.read()
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=group)
     prints = follow_quietly(engine)
+    if engine.lockstep.size > 1:  # rank 0 reads the files, and every rank takes its bytes
+        images, clips = ([read_by_rank_0(engine, path) for path in paths] for paths in (images, clips))
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     request = prompt if raw else messages + [{"role": "user", "content": media_parts(images, clips) + [
         {"type": "text", "text": prompt}]}]
@@ -136,6 +136,13 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").
     end_process()
+
+
+def read_by_rank_0(engine, path: str) -> bytes:
+    data = shared_file(engine.lockstep, path)
+    if data is None:
+        raise SettingsError(f"{path}: rank 0 of the group cannot read this file")
+    return data
 
 
 def follow_group(engine, cache_bytes: int) -> None:

@@ -8,11 +8,12 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import click
 
 from ..errors import SettingsError
+from .group import shared_file
 from .terminal import TokenPrinter, stats_line
 
 HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
@@ -20,8 +21,8 @@ HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
 /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
 
 
-def media_parts(images: Sequence[str] = (), clips: Sequence[str] = ()) -> List[dict]:
-    """Content parts for image and audio files, images first."""
+def media_parts(images: Sequence[Union[str, bytes]] = (), clips: Sequence[Union[str, bytes]] = ()) -> List[dict]:
+    """Content parts for image and audio files (their paths, or their bytes), images first."""
     return [{"type": "image", "image": p} for p in images] + [{"type": "audio", "audio": p} for p in clips]
 
 
@@ -83,15 +84,15 @@ def read_line(interactive: bool) -> Optional[str]:
 def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
     parts = line.split(maxsplit=1)
     name = parts[0]
-    if name in ("/image", "/audio") and len(parts) == 2 and session.engine.lockstep.size > 1:
-        # each rank would look for the file on its own machine: one without it would run another prompt
-        click.echo("[images and audio do not run under mlx.launch yet]")
-    elif name in ("/image", "/audio") and len(parts) == 2:
+    if name in ("/image", "/audio") and len(parts) == 2:
         path = Path(parts[1].strip()).expanduser()
-        if not path.is_file():
+        lockstep = session.engine.lockstep
+        # Under a group rank 0 reads the file and every rank takes its bytes (the others may not have it).
+        value = shared_file(lockstep, str(path)) if lockstep.size > 1 else (str(path) if path.is_file() else None)
+        if value is None:
             click.echo(f"[{path}: no such file]")
             return
-        attached.extend(media_parts([str(path)]) if name == "/image" else media_parts((), [str(path)]))
+        attached.extend(media_parts([value]) if name == "/image" else media_parts((), [value]))
         click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")
     elif name == "/reset":
         session.reset()

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 from ..decoding.lockstep import lost_peer
@@ -67,3 +68,15 @@ def follow_quietly(engine) -> bool:
     sys.stdout = open(os.devnull, "w")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return False
+
+
+def shared_file(lockstep, path: str) -> Optional[bytes]:
+    """A file only rank 0 reads (an --image, an --audio clip, chat's /image): its bytes, on every
+    rank of the group (the others may not have it); None where rank 0 cannot read it."""
+    data = None
+    if lockstep.leader:
+        try:
+            data = Path(path).expanduser().read_bytes()
+        except OSError:
+            pass
+    return lockstep.data(data)

@@ -19,6 +19,7 @@ import os
 from typing import Any, Optional
 
 import mlx.core as mx
+import numpy as np
 
 
 class Lockstep:
@@ -40,10 +41,10 @@ class Lockstep:
         """Whether this rank prints, streams and serves (rank 0)."""
         return self.rank == 0
 
-    def _from_leader(self, values: list) -> list:
+    def _from_leader(self, values: list, dtype=mx.float32) -> list:
         if self.size == 1:
             return values
-        mine = mx.array(values if self.leader else [0.0] * len(values), dtype=mx.float32)
+        mine = mx.array(values if self.leader else [0] * len(values), dtype=dtype)
         return mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
 
     def seconds(self, seconds: Optional[float]) -> Optional[float]:
@@ -61,14 +62,20 @@ class Lockstep:
     def line(self, line: Optional[str]) -> Optional[str]:
         """Rank 0's line of input (None: its input ended), for every rank (a chat's next line,
         a prompt: only rank 0 reads them)."""
+        data = self.data(line.encode() if self.leader and line is not None else None)
+        return None if data is None else data.decode()
+
+    def data(self, data: Optional[bytes]) -> Optional[bytes]:
+        """Rank 0's bytes (None: none), for every rank: a line, a request, a file only rank 0
+        can read."""
         if self.size == 1:
-            return line
-        data = line.encode() if self.leader and line is not None else b""
-        length = int(self._from_leader([-1.0 if self.leader and line is None else float(len(data))])[0])
+            return data
+        length = self._from_leader([-1 if self.leader and data is None else len(data or b"")], mx.int32)[0]
         if length <= 0:
-            return None if length < 0 else ""
-        mine = mx.array(list(data) if self.leader else [0] * length, dtype=mx.uint8)
-        return bytes(mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()).decode()
+            return None if length < 0 else b""
+        mine = np.frombuffer(data, dtype=np.uint8) if self.leader else np.zeros(length, dtype=np.uint8)
+        summed = mx.distributed.all_sum(mx.array(mine), group=self.group, stream=mx.cpu)
+        return bytes(np.array(summed, copy=False))
 
     def flag(self, value: bool) -> bool:
         """Rank 0's yes or no (a user's Ctrl-C: the answer stops at the same token everywhere)."""

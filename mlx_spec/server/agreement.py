@@ -7,8 +7,9 @@ in the same order and stop them at the same point. The decisions that come from 
 model (which request arrived, whether its K/V fit, when its client left) are rank 0's; at every
 agreement point (`Together.agree`: each turn's start, between two prompt chunks) rank 0 sends
 what it decided since the last one, as data:
-- `add`: the requests admitted, in order: their prompt tokens, settings and form of answer,
-  which the other ranks turn into the same job (server/generation.py: `from_request`);
+- `add`: the requests admitted, in order: their prompt tokens, media (the arrays the encoder
+  reads: each rank embeds them itself), settings and form of answer, which the other ranks turn
+  into the same job (server/generation.py: `from_request`);
 - `cancel`: the numbers (in order of admission) of the running requests cancelled;
 - `close`: the server is stopping.
 Everything else (what a row keeps, when it ends, the prompt cache's hits and evictions, the
@@ -40,9 +41,8 @@ class Agreement:
     def refusal(self, job) -> Optional[APIError]:
         """Why a group cannot take this job (its request cannot be sent as data), if it cannot."""
         if self.lockstep.size > 1 and job.request is None:
-            return APIError(400, f"Images and audio are not served across a group of {self.lockstep.size} yet "
-                            f"(every rank would need the request's media); send text, or serve from one machine.",
-                            param="messages", code="invalid_value")
+            return APIError(400, f"This request cannot be sent to the other ranks of this server's group of "
+                            f"{self.lockstep.size}: serve it from one machine.", code="invalid_value")
         return None
 
     def admit(self, job) -> None:

@@ -13,13 +13,16 @@ client that leaves during a long prompt stops it at the next chunk. However the 
 cache consistent.
 """
 
+import base64
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, List, Optional
+
+import numpy as np
 
 from ..decoding.reports import WAITING, TokenReport
 from ..errors import ContextError, PromptStopped
 from ..generation import Generation, tokens_to_generate
-from ..media.items import Prepared
+from ..media.items import MediaItem, MediaSpan, Prepared
 from ..options import Options
 from .schemas import APIError
 
@@ -98,19 +101,42 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
 
 def as_request(prompt: Any, options: Options, tools: Optional[List[dict]], as_written: bool) -> Optional[dict]:
     """The request as data (JSON), from which a group's other ranks make the same job
-    (`from_request`); None where it cannot be: a prompt with media, or not yet tokenized."""
-    tokens = prompt.tokens if isinstance(prompt, Prepared) and not prompt.spans else prompt
+    (`from_request`): its tokens, and its media as the arrays the encoder reads (each rank
+    embeds them itself); None where it cannot be (a prompt not yet tokenized, a drafter object)."""
+    tokens, spans = (prompt.tokens, prompt.spans) if isinstance(prompt, Prepared) else (prompt, [])
     if not isinstance(tokens, list) or options.drafter is not None:
         return None
     settings = {f.name: getattr(options, f.name) for f in fields(Options) if f.name != "drafter"}
-    return {"tokens": [int(t) for t in tokens], "options": dict(settings, stop=list(options.stop)),
-            "tools": tools, "as_written": as_written}
+    return {"tokens": [int(t) for t in tokens], "media": [span_data(span) for span in spans],
+            "options": dict(settings, stop=list(options.stop)), "tools": tools, "as_written": as_written}
 
 
 def from_request(request: dict):
-    """The job `generation` made of the request `as_request` gave."""
-    return generation(Prepared(request["tokens"], []), Options(**request["options"]), request["tools"],
-                      request["as_written"])
+    """The job `generation` made of the request `as_request` gave: its media embedded by the
+    engine the job runs on."""
+    options = Options(**request["options"])
+
+    def work(engine, cache, stop=lambda: False, batch=None):
+        embed = engine.media.encoder().embed if request["media"] else None
+        spans = [MediaSpan(d["start"], item, lambda item=item: embed(item))
+                 for d, item in ((d, media_item(d)) for d in request["media"])]
+        job = generation(Prepared(request["tokens"], spans), options, request["tools"], request["as_written"])
+        return job(engine, cache, stop, batch)
+
+    work.positions = len(request["tokens"]) + options.max_tokens
+    return work
+
+
+def span_data(span: MediaSpan) -> dict:
+    item = span.item
+    return {"start": span.start, "kind": item.kind, "tokens": item.tokens, "digest": item.digest,
+            "arrays": [{"dtype": str(a.dtype), "shape": list(a.shape),
+                        "data": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()} for a in item.arrays]}
+
+
+def media_item(data: dict) -> MediaItem:
+    arrays = tuple(np.frombuffer(base64.b64decode(a["data"]), dtype=a["dtype"]).reshape(a["shape"]) for a in data["arrays"])
+    return MediaItem(data["kind"], data["tokens"], data["digest"], arrays)
 
 
 def context_exceeded(e: ContextError, at_least: bool = False) -> APIError:
