@@ -44,8 +44,12 @@ class Task:
 
 
 class Together:
-    def __init__(self, engine, agree: Callable[[], None] = lambda: None):
-        self.engine, self.agree = engine, agree
+    def __init__(self, engine, agree: Callable[[], None] = lambda: None,
+                 fatal: Callable[[BaseException], bool] = lost_peer):
+        """fatal: whether an error ends every task rather than the one whose events raised it
+        (by default a lost rank of a group; server/agreement.py: also any error that may not
+        have arisen on every rank)."""
+        self.engine, self.agree, self.fatal = engine, agree, fatal
         self.batch = Batch(engine.target, engine.draft_lengths)
         self.tasks: List[Task] = []
 
@@ -106,7 +110,7 @@ class Together:
         except PromptStopped:  # it was stopped during its prompt: nobody to tell
             pass
         except Exception as e:  # the request's own error: reported to it, the others go on
-            if lost_peer(e):  # not the request's: the group is gone, and every task with it
+            if self.fatal(e):  # not the request's alone: the caller ends every task
                 raise
             task.emit(e)
         self._end(task)

@@ -25,8 +25,8 @@ from test_media_prompt import clip, wav_bytes
 
 from mlx_spec.media.items import MediaItem, MediaSpan, Prepared
 from mlx_spec.options import Options
-from mlx_spec.server.agreement import Agreement
-from mlx_spec.server.generation import as_request, from_request, media_item
+from mlx_spec.server.agreement import MAX_MEDIA_BYTES, Agreement
+from mlx_spec.server.generation import as_request, from_request, generation, media_item
 
 pytestmark = pytest.mark.skipif(shutil.which("mlx.launch") is None, reason="mlx.launch (installed with mlx) is missing")
 
@@ -150,9 +150,9 @@ def everything_at_once(url: str):
 
 def test_serve_under_mlx_launch_answers_as_one_process_does(checkpoints):
     """`mlx.launch ... mlx-spec serve`: several requests at once (streamed and whole, greedy and
-    seeded, two clients leaving early, one with a prompt of two chunks that the others step between), then the same again from the
-    prompt cache: every answer is the single-process server's, token for token, and /health
-    names the group."""
+    seeded, two clients leaving early, one with a prompt of two chunks that the others step
+    between), then the same again (their conversations now in the prompt cache): every answer
+    is the single-process server's, token for token, and /health names the group."""
     group, single = GroupServer(checkpoints), Server(checkpoints, "--served-model-name", "target")
     try:
         health = group.health().json()
@@ -185,7 +185,7 @@ def test_a_rank_lost_while_serving_ends_its_requests_and_the_server_says_down(ch
         assert time.monotonic() - began < 60
         health = group.health()
         assert health.status_code == 503 and health.json()["status"] == "down"
-        assert "lost a rank" in health.json()["down"] and health.json()["running"] == 0
+        assert "lost a rank" in health.json()["down"]
         with pytest.raises(openai.InternalServerError, match="The server is down"):
             client.chat.completions.create(model="target", messages=[{"role": "user", "content": "still there?"}],
                                            max_tokens=4)
@@ -193,10 +193,26 @@ def test_a_rank_lost_while_serving_ends_its_requests_and_the_server_says_down(ch
         group.stop()
 
 
+def test_a_rank_lost_while_the_server_waits_turns_it_down_within_seconds(checkpoints):
+    """Rank 1 killed while no request runs: rank 0's heartbeat (every 5 s while it waits) finds
+    the lost rank, and /health says down before any request comes."""
+    group = GroupServer(checkpoints, by_hand=True)
+    try:
+        group.procs[1].kill()
+        deadline = time.monotonic() + 30
+        while group.health().status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        health = group.health()
+        assert health.status_code == 503 and "lost a rank" in health.json()["down"], group.output()
+    finally:
+        group.stop()
+
+
 def test_a_request_travels_to_the_other_ranks_as_data(checkpoints):
-    """The request rank 0 admits reaches the others as JSON and becomes the same job, its media
-    as the very arrays the encoder reads; a request that cannot be sent (a drafter object, only
-    the Python API makes one) is refused by a group, by name."""
+    """The request rank 0 admits reaches the others as JSON, from which they make a job of the
+    same settings and positions, its media the very arrays the encoder reads; a request that
+    cannot be sent (a drafter object, only the Python API makes one), or whose media would not
+    fit one message, is refused by a group, by name."""
     options = Options(max_tokens=9, temperature=0.7, top_k=5, top_p=0.8, seed=4, draft_tokens=2, stop=("x", "yz"),
                       fit_context=True)
     pixels = np.random.default_rng(0).random((1, 3, 4, 5)).astype(np.float32)
@@ -210,15 +226,21 @@ def test_a_request_travels_to_the_other_ranks_as_data(checkpoints):
     assert again["media"][0]["start"] == 2
 
     class Job:
-        request = as_request([2, 5], Options(drafter=object()), None, False)
+        work = generation([2, 5], Options(drafter=object()))
 
     class Group:
         size = 2
 
-    assert Job.request is None
+    assert as_request([2, 5], Options(drafter=object()), None, False) is None and not Job.work.sendable
     refusal = Agreement(Group()).refusal(Job())
     assert refusal.status == 400 and "cannot be sent to the other ranks" in refusal.message
     assert Agreement(type("Alone", (), {"size": 1})()).refusal(Job()) is None
+    # Media beyond what one message carries are refused by their size, before any is converted.
+    big = Prepared([2, 5, 7], [MediaSpan(1, MediaItem("image", 1, "d", (np.zeros(MAX_MEDIA_BYTES // 4 + 1, np.float32),)),
+                                         lambda: None)])
+    Job.work = generation(big, options)
+    refusal = Agreement(Group()).refusal(Job())
+    assert refusal.status == 413 and "at most 512 MB" in refusal.message
 
 
 def test_serve_under_mlx_launch_answers_images_and_audio_as_one_process_does(multimodal):

@@ -7,11 +7,13 @@ in the same order and stop them at the same point. The decisions that come from 
 model (which request arrived, whether its K/V fit, when its client left) are rank 0's; at every
 agreement point (`Together.agree`: each turn's start, between two prompt chunks) rank 0 sends
 what it decided since the last one, as data:
-- `add`: the requests admitted, in order: their prompt tokens, media (the arrays the encoder
-  reads: each rank embeds them itself), settings and form of answer, which the other ranks turn
-  into the same job (server/generation.py: `from_request`);
+- `add`: the requests admitted, in order, each in a message of its own: their prompt tokens,
+  media (the arrays the encoder reads: each rank embeds them itself), settings and form of
+  answer, which the other ranks turn into the same job (server/generation.py: `from_request`);
 - `cancel`: the numbers (in order of admission) of the running requests cancelled;
 - `close`: the server is stopping.
+While rank 0 waits for requests it sends an empty point now and then (`heartbeat`), so that a
+lost rank turns the server down without waiting for the next request.
 Everything else (what a row keeps, when it ends, the prompt cache's hits and evictions, the
 seed of an unseeded request, the cost model's draft lengths) follows from the tokens and the
 all-reduced logits, or is itself agreed (decoding/lockstep.py), the same on every rank. A
@@ -23,11 +25,17 @@ from typing import Dict, List, Optional
 
 from mlx_lm.generate import wired_limit
 
+from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
+from ..errors import MlxSpecError
 from ..together import Together
 from .admission import KVRoom
 from .generation import from_request
 from .schemas import APIError
+
+# The media arrays one request may send to a group's other ranks (base64 in JSON: a third more
+# travels), well within what one message carries (2^31 bytes).
+MAX_MEDIA_BYTES = 512 * 10**6
 
 
 class Agreement:
@@ -39,28 +47,57 @@ class Agreement:
         self.added: List[dict] = []
 
     def refusal(self, job) -> Optional[APIError]:
-        """Why a group cannot take this job (its request cannot be sent as data), if it cannot."""
-        if self.lockstep.size > 1 and job.request is None:
+        """Why a group cannot take this job, if it cannot: its request cannot be sent as data,
+        or its media are too large for one message."""
+        if self.lockstep.size == 1:
+            return None
+        if not getattr(job.work, "sendable", False):
             return APIError(400, f"This request cannot be sent to the other ranks of this server's group of "
                             f"{self.lockstep.size}: serve it from one machine.", code="invalid_value")
+        if getattr(job.work, "media_bytes", 0) > MAX_MEDIA_BYTES:
+            return APIError(413, f"This request's images and audio take {job.work.media_bytes / 1e6:.0f} MB as the "
+                            f"encoder reads them; a server split over a group sends at most {MAX_MEDIA_BYTES / 1e6:.0f} "
+                            f"MB of them per request to its other ranks. Send fewer or smaller ones.",
+                            code="request_too_large")
         return None
 
     def admit(self, job) -> None:
         job.number, self.admitted = self.admitted, self.admitted + 1
         if self.lockstep.size > 1:
-            self.added.append(job.request)
+            self.added.append(job.work.request())
 
     def send(self, cancelled: list) -> None:
-        """The news: the jobs admitted since the last point, and the running jobs `cancelled`."""
+        """The news: the jobs admitted since the last point, and the running jobs `cancelled`:
+        one message with their count and the cancellations, then one per request (each within
+        what one message carries)."""
         if self.lockstep.size == 1:
             return
-        news = {"add": self.added, "cancel": [job.number for job in cancelled]}
-        self.added = []
+        news = {"add": len(self.added), "cancel": [job.number for job in cancelled]}
         self.lockstep.message(news if news["add"] or news["cancel"] else None)
+        for request in self.added:
+            self.lockstep.message(request)
+        self.added = []
+
+    def heartbeat(self) -> None:
+        """No news, while the server waits for requests: a lost rank is found now, not with the
+        next request (an idle follower runs an empty turn)."""
+        if self.lockstep.size > 1:
+            self.lockstep.message(None)
 
     def close(self) -> None:
         if self.lockstep.size > 1:
             self.lockstep.message({"close": True})
+
+
+def group_fault(lockstep):
+    """Which errors end every job of a group's server: a lost rank, and any error but a
+    request's own (mlx-spec's, or a 4xx: the same on every rank, raised before the ranks part).
+    Anything else (memory that ran out on one machine) may have stopped one rank between two
+    collectives that the others still run: the ranks can no longer agree."""
+    def fatal(error: BaseException) -> bool:
+        own = isinstance(error, MlxSpecError) or (isinstance(error, APIError) and error.status < 500)
+        return lost_peer(error) or (lockstep.size > 1 and not own)
+    return fatal
 
 
 class Closed(Exception):
@@ -77,7 +114,7 @@ class Follower:
         KVRoom.for_engine(engine, cache_bytes, kv_budget)  # this rank's memory joins the group's (its least)
         self.stopped: Dict[int, threading.Event] = {}  # the running jobs' cancellation, by number
         self.admitted = 0
-        self.together = Together(engine, self._agree)
+        self.together = Together(engine, self._agree, fatal=group_fault(engine.lockstep))
 
     def run(self) -> None:
         """Until rank 0's server stops (or a lost rank raises: cli/group.py says which)."""
@@ -96,8 +133,8 @@ class Follower:
             raise Closed
         live = {task.info["number"] for task in self.together.tasks}
         self.stopped = {n: e for n, e in self.stopped.items() if n in live}
-        for request in news.get("add", []):
-            work, stopped = from_request(request), threading.Event()
+        for _ in range(news.get("add", 0)):
+            work, stopped = from_request(self.engine.lockstep.message()), threading.Event()
             self.stopped[self.admitted] = stopped
             task = self.together.add(
                 lambda stop, work=work: work(self.engine, self.cache, stop, self.together.batch),

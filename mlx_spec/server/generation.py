@@ -95,7 +95,11 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
 
     # The most positions the request's sequence may reach: what the worker's memory check counts.
     work.positions = len(prompt.tokens if isinstance(prompt, Prepared) else prompt) + options.max_tokens
-    work.request = as_request(prompt, options, tools, as_written)
+    # What a group's other ranks need to make the same job: built only when sent (media arrays
+    # are megabytes), on the model's thread; `sendable` says whether it can be.
+    work.request = lambda: as_request(prompt, options, tools, as_written)
+    work.sendable = options.drafter is None and isinstance(prompt, (Prepared, list))
+    work.media_bytes = sum(a.nbytes for s in prompt.spans for a in s.item.arrays) if isinstance(prompt, Prepared) else 0
     return work
 
 
@@ -117,11 +121,12 @@ def from_request(request: dict):
     options = Options(**request["options"])
 
     def work(engine, cache, stop=lambda: False, batch=None):
+        # (A generator, as generation's own job: its errors arise where the batch reads it.)
         embed = engine.media.encoder().embed if request["media"] else None
         spans = [MediaSpan(d["start"], item, lambda item=item: embed(item))
                  for d, item in ((d, media_item(d)) for d in request["media"])]
         job = generation(Prepared(request["tokens"], spans), options, request["tools"], request["as_written"])
-        return job(engine, cache, stop, batch)
+        yield from job(engine, cache, stop, batch)
 
     work.positions = len(request["tokens"]) + options.max_tokens
     return work

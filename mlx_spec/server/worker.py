@@ -34,12 +34,13 @@ from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
 from ..together import Together
 from .admission import KVRoom, too_big
-from .agreement import Agreement
+from .agreement import Agreement, group_fault
 from .schemas import APIError
 
 END = object()
 LOG = logging.getLogger("mlx_spec.server")
 DEFAULT_MAX_BATCH = 8
+HEARTBEAT = 5.0  # seconds between a group's heartbeats while the server waits for requests
 
 
 class Job:
@@ -47,7 +48,6 @@ class Job:
         self.work = work
         self.loop = loop
         self.positions = positions  # the most positions its sequence may reach (prompt and answer)
-        self.request = getattr(work, "request", None)  # the request as data, for a group's other ranks
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()  # its client left, or the server is stopping
         self.agreed = threading.Event()  # ... as of the last agreement: what its row follows
@@ -155,7 +155,7 @@ class Worker:
             self.cache = PromptCache(self.engine.target, cache_bytes)
             self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
             self.agreement = Agreement(self.engine.lockstep)
-            together = Together(self.engine, self._agree)
+            together = Together(self.engine, self._agree, fatal=group_fault(self.engine.lockstep))
         except BaseException as e:
             self._load_error = e
             return
@@ -164,9 +164,7 @@ class Worker:
         try:
             self._schedule(together)
             self.agreement.close()
-        except RuntimeError as e:
-            if not lost_peer(e):
-                raise
+        except Exception as e:  # a lost rank, or (under a group) an error one rank may have alone
             self._lose_group(e)
         together.close()
         for job in [*self.running, *self.waiting]:  # the server is stopping: their streams end now
@@ -201,11 +199,16 @@ class Worker:
         for job in left:
             job.agreed.set()
 
-    def _lose_group(self, error: RuntimeError) -> None:
-        """The group lost a rank: every job ends with a 503, and so does every later request."""
-        self.down = (f"the group of {self.engine.lockstep.size} lost a rank ({error}); the server cannot answer "
-                     f"until it is started again")
-        LOG.error("mlx-spec: %s", self.down)
+    def _lose_group(self, error: Exception) -> None:
+        """The group lost a rank, or the model's thread failed: every job ends with a 503, and
+        so does every later request."""
+        size = self.engine.lockstep.size
+        if lost_peer(error):
+            self.down = f"the group of {size} lost a rank ({error}); the server cannot answer until it is started again"
+        else:
+            self.down = (f"the model's thread failed ({type(error).__name__}: {error})"
+                         + (f"; the group of {size} can no longer agree" if size > 1 else ""))
+        LOG.error("mlx-spec: %s", self.down, exc_info=None if lost_peer(error) else error)
         with self._lock:
             self.snapshot = dict(self.snapshot, rows=0, tokens_per_second=0.0)
         for job in [*self.running, *self.waiting]:
@@ -215,12 +218,17 @@ class Worker:
         return APIError(503, f"The server is down: {self.down}.", type="server_error")
 
     def _take(self, block: bool) -> bool:
-        """Move submitted jobs into the waiting line; False when the worker is to stop."""
+        """Move submitted jobs into the waiting line; False when the worker is to stop. Under a
+        group, waiting for a job sends a heartbeat every HEARTBEAT seconds."""
         while True:
+            waits = block and not self.waiting
             try:
-                job = self.jobs.get(block=block and not self.waiting)
+                job = self.jobs.get(block=waits, timeout=HEARTBEAT if waits and self.engine.lockstep.size > 1 else None)
             except queue.Empty:
-                return True
+                if not waits:
+                    return True
+                self.agreement.heartbeat()
+                continue
             if job is None:
                 return False
             with self._lock:
@@ -230,12 +238,14 @@ class Worker:
     def _admit(self, together: Together) -> None:
         """Start waiting jobs, in order, while there is a row for them and their K/V fit."""
         for job in [j for j in self.waiting if j.cancelled.is_set()]:  # their clients left while they waited
-            self.waiting.remove(job)
+            with self._lock:
+                self.waiting.remove(job)
             self._finish(job)
         while self.waiting:
             job = self.waiting[0]
             if not self.room.fits_alone(job.positions):
-                self.waiting.popleft()
+                with self._lock:
+                    self.waiting.popleft()
                 job.emit(APIError(400, too_big(self.room, job.positions), code="context_length_exceeded"))
                 self._finish(job)
                 continue
