@@ -72,11 +72,16 @@ def follow_quietly(engine) -> bool:
 
 def shared_file(lockstep, path: str) -> Optional[bytes]:
     """A file only rank 0 reads (an --image, an --audio clip, chat's /image): its bytes, on every
-    rank of the group (the others may not have it); None where rank 0 cannot read it."""
+    rank of the group (the others may not have it); None where rank 0 cannot read it (or it is
+    over a gigabyte)."""
     data = None
     if lockstep.leader:
         try:
-            data = Path(path).expanduser().read_bytes()
+            if Path(path).expanduser().stat().st_size <= MAX_SHARED_BYTES:  # what one message carries
+                data = Path(path).expanduser().read_bytes()
         except OSError:
             pass
     return lockstep.data(data)
+
+
+MAX_SHARED_BYTES = 2**30
