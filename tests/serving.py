@@ -20,6 +20,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, procs, output, timeout: float) -> None:
+    """Until `url`/health answers 200; fails at once if one of `procs` exits, with `output()`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise AssertionError(f"the server exited with {proc.returncode}:\n{output()}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError(f"the server did not start:\n{output()}")
+
+
 class Server:
     def __init__(self, checkpoints, *args):
         self.port = free_port()
@@ -31,16 +46,7 @@ class Server:
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise AssertionError(f"the server did not start:\n{self.output()}")
+        wait_healthy(self.url, [self.proc], self.output, timeout)
 
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=5.0).json()

@@ -57,12 +57,17 @@ def free_ports(n: int) -> int:
     raise RuntimeError("no free ports")
 
 
+def launcher(ranks: int = 2, env=None) -> list:
+    """`mlx.launch --backend ring -n RANKS` on localhost, each rank with one math thread (and `env`)."""
+    argv = [shutil.which("mlx.launch"), "--backend", "ring", "-n", str(ranks), "--starting-port", str(free_ports(ranks))]
+    for name, value in {**THREADS, **(env or {})}.items():
+        argv += ["--env", f"{name}={value}"]
+    return argv
+
+
 def launch(command, ranks: int = 2, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
     """`mlx.launch --backend ring -n RANKS COMMAND` on localhost."""
-    launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", str(ranks), "--starting-port", str(free_ports(ranks))]
-    for name, value in {**THREADS, **(env or {})}.items():
-        launcher += ["--env", f"{name}={value}"]
-    return subprocess.run(launcher + command, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(launcher(ranks, env) + command, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **THREADS, **(env or {})})
 
 
@@ -156,10 +161,7 @@ def test_chat_under_mlx_launch_follows_rank_0_s_lines(checkpoints):
     lines = "the first line\nthe second line\n/stats\n/quit\n"
     command = [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(checkpoints["text"]), "--drafter",
                str(checkpoints["assistant"]), "-m", "8"]
-    launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", "2", "--starting-port", str(free_ports(2))]
-    for name, value in THREADS.items():
-        launcher += ["--env", f"{name}={value}"]
-    done = subprocess.run(launcher + command, input=lines, capture_output=True, text=True, timeout=240,
+    done = subprocess.run(launcher() + command, input=lines, capture_output=True, text=True, timeout=240,
                           env={**os.environ, **THREADS})
     assert "exited with code" not in done.stderr, done.stderr[-2000:]
     assert done.stdout.count("[session: 2 turns") == 1, done.stdout[-2000:]

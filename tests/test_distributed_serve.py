@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from serving import ENV, ROOT, Server, free_port
-from test_distributed import THREADS, free_ports
+from serving import ENV, ROOT, Server, free_port, wait_healthy
+from test_distributed import THREADS, free_ports, launcher
 from test_media_prompt import clip, wav_bytes
 
 from mlx_spec.media.items import MediaItem, MediaSpan, Prepared
@@ -42,29 +42,18 @@ class GroupServer:
                    str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target", *extra]
         folder = Path(os.environ.get("TMPDIR", "/tmp"))
         self.logs = [open(folder / f"mlx-spec-group-{self.port}-{rank}.log", "w+") for rank in (0, 1)]
-        first = free_ports(2)
         env = {**ENV, **THREADS}
         if by_hand:
+            first = free_ports(2)
             hostfile = folder / f"mlx-spec-hosts-{first}.json"
             hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(2)]))
             self.procs = [subprocess.Popen(command, cwd=ROOT, stdout=self.logs[r], stderr=subprocess.STDOUT,
                                            env={**env, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(r)})
                           for r in range(2)]
         else:
-            launcher = [shutil.which("mlx.launch"), "--backend", "ring", "-n", "2", "--starting-port", str(first)]
-            for name, value in THREADS.items():
-                launcher += ["--env", f"{name}={value}"]
-            self.procs = [subprocess.Popen(launcher + command, cwd=ROOT, stdout=self.logs[0], stderr=subprocess.STDOUT,
+            self.procs = [subprocess.Popen(launcher() + command, cwd=ROOT, stdout=self.logs[0], stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True)]
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert all(p.poll() is None for p in self.procs), self.output()
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise AssertionError(f"the group's server did not start:\n{self.output()}")
+        wait_healthy(self.url, self.procs, self.output, timeout=180)
 
     def health(self) -> httpx.Response:
         return httpx.get(self.url + "/health", timeout=5.0)

@@ -75,7 +75,7 @@ class Lockstep:
             return None if length < 0 else b""
         mine = np.frombuffer(data, dtype=np.uint8) if self.leader else np.zeros(length, dtype=np.uint8)
         summed = mx.distributed.all_sum(mx.array(mine), group=self.group, stream=mx.cpu)
-        return bytes(np.array(summed, copy=False))
+        return np.asarray(summed).tobytes()
 
     def flag(self, value: bool) -> bool:
         """Rank 0's yes or no (a user's Ctrl-C: the answer stops at the same token everywhere)."""
