@@ -68,9 +68,10 @@ def run_script(name, *args, tmp_path):
         proc = mlx_spec_bench(name.replace("_", "-"), *args, "--out", str(out), cwd=tmp_path)
         assert (out / f"{name}.md").read_text().startswith("## ")
         assert "<img" in (out / "report.html").read_text()  # matplotlib is a test dependency
-    assert "| " in proc.stdout and "Machine:" in proc.stdout
+    assert "| " in proc.stdout and "Machine:" in proc.stdout and "BLAS: " in proc.stdout
     data = json.loads((out / f"{name}.json").read_text())
-    assert {"chip", "memory_gb", "os", "mlx", "mlx_lm", "mlx_vlm"} <= set(data["machine"])
+    assert {"chip", "memory_gb", "os", "mlx", "mlx_lm", "mlx_vlm", "blas", "matmul_gflops"} <= set(data["machine"])
+    assert data["machine"]["matmul_gflops"] > 0
     return proc.stdout, data
 
 
@@ -616,3 +617,20 @@ def test_runs_resumed_from_the_prompt_s_sequence_give_the_tokens_of_fresh_ones(c
     with prefills.sequence(decoder, prompt):
         pass
     assert decoder.stats.prompt_tokens == 1 and decoder.stats.prompt_reused == len(prompt) - 2
+
+
+def test_the_machine_line_names_the_blas_mlx_calls(monkeypatch):
+    """On Linux the mlx-cpu wheel's BLAS is netlib's reference one (every batched CPU figure is
+    bent by it), named as such; a preloaded BLAS, which the dynamic linker puts first, is named
+    instead."""
+    from mlx_spec.bench.blas import blas_library, matmul_gflops
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    found = blas_library()
+    if sys.platform == "darwin":
+        assert found == "Accelerate"
+    else:
+        assert found != "unknown" and "blas" in found.lower()
+    monkeypatch.setenv("LD_PRELOAD", "/opt/x/libjemalloc.so.2 /usr/lib/libopenblas.so.0")
+    assert blas_library() == ("Accelerate" if sys.platform == "darwin" else "libopenblas.so.0 (preloaded)")
+    assert matmul_gflops(64, repeats=1) > 0

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from ..loading import AUTO
+from .blas import blas_library, matmul_gflops
 
 SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
 # Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
@@ -80,6 +81,8 @@ def machine() -> dict:
         "mlx_vlm": mlx_vlm,
         "device": str(mx.default_device()),
         "metal": bool(mx.metal.is_available()),
+        "blas": blas_library(),
+        "matmul_gflops": round(matmul_gflops(), 1),
     }
 
 
@@ -152,6 +155,8 @@ def header(title: str, machine_info: dict, settings: dict) -> str:
     files = settings.pop("files", {})
     lines = [f"## {title}", "", f"Machine: {m['chip']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}",
              f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}"]
+    if "blas" in m:  # (results written before it was recorded have none)
+        lines.append(f"BLAS: {m['blas']}, a 512 x 512 float32 product at {m['matmul_gflops']} GFLOP/s")
     for role, entries in files.items():
         named = [f"{e['file']} ({e['sha256'][:12]})" if "sha256" in e else f"{e['file']} ({e['error']})" for e in entries]
         lines.append(f"Files ({role}): " + ", ".join(named))

@@ -83,7 +83,8 @@ def caption(data: dict) -> str:
     """What a plot was measured on: the machine, MLX's device and the target."""
     m, models = data.get("machine", {}), data.get("models") or {}
     target = models.get("target", "E2B's structure at narrow widths, random weights")
-    return f"{m.get('chip', '?')}, mlx {m.get('mlx', '?')} ({m.get('device', '?')}); target: {target}"
+    blas = f", BLAS {m['blas'].split(' (')[0]}" if m.get("blas") and "cpu" in str(m.get("device")) else ""
+    return f"{m.get('chip', '?')}, mlx {m.get('mlx', '?')} ({m.get('device', '?')}{blas}); target: {target}"
 
 
 # -- one function per table: [(title, draw(axes)), ...] ----------------------------------------
