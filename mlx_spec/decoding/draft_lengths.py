@@ -72,7 +72,8 @@ class DraftLengths:
             if not policy.adaptive:
                 gs[i] = cap
                 continue
-            wanted[i] = policy.probe_wanted(self._probe_every(policy, batch), alone=stepping == 1)
+            promising = not policy.first or policy.probe_promising(*self._probe_times(policy, batch))
+            wanted[i] = policy.probe_wanted(self._probe_every(policy, batch), alone=stepping == 1, promising=promising)
             deciders.append((i, policy, cap))
         if DUE in wanted.values():  # one probe step, shared by every row whose probe is near
             for i, policy, cap in [d for d in deciders if wanted[d[0]]]:
@@ -130,7 +131,11 @@ class DraftLengths:
         return g
 
     def _probe_every(self, policy: DraftLength, batch: int) -> int:
-        return policy.probe_every(self.seconds.get((batch, 1)), self.seconds.get((batch, policy.probe_g + 1)))
+        return policy.probe_every(*self._probe_times(policy, batch))
+
+    def _probe_times(self, policy: DraftLength, batch: int):
+        """(a plain step's time, a probe step's) at this batch size, None where not measured."""
+        return self.seconds.get((batch, 1)), self.seconds.get((batch, policy.probe_g + 1))
 
     def _line(self, batch: int):
         """positions -> a step's time at this batch size, for lengths not timed yet: a line

@@ -9,17 +9,23 @@ Every request (a row of a batch, or a generation alone: a batch of one) holds a 
 
 A request's acceptance starts from the engine's (every request on it adds to it), worth a few
 observations of its own. While an adaptive request drafts nothing, a short probe now and then
-(as often as costs about 1% of the time) notices when guessing pays again. A request's first
-cycles are a probe too: two guesses, four times as many each time all are kept, until one
-misses (so a run where everything is kept reaches its best length in two cycles, whatever the
-engine's earlier requests kept). In a batch, a step's cost is paid by every row, however
-many of them probe in it: rows' probes that are nearly due go out together with one that is
-due, and a new row's first probe waits for one (and in sharing a step the rows' probe clocks
-fall into step). Each probe in a row that keeps
-nothing doubles the wait before the next, up to MAX_PROBE_INTERVAL plain cycles (a second or
-two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while
-the cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its
-step was dropped unrun).
+notices when guessing pays again: as often as its expected net cost (its extra time over a plain
+cycle, less the tokens its guesses are expected to keep) is about 1% of the time. Near
+break-even a probe costs next to nothing and comes every few cycles; where guesses are never
+kept it costs its whole extra time and comes rarely. A request's first cycles are a probe too:
+two guesses, four times as many each time all are kept, until one misses (so a run where
+everything is kept reaches its best length in two cycles, whatever the engine's earlier requests
+kept); it goes out at once unless the engine's acceptance says it would keep less than half what
+it costs (an engine whose requests keep nothing), and then waits for the periodic interval. In a
+batch, a step's cost is paid by every row, however many of them probe in it: rows' probes that
+are nearly due go out together with one that is due, and a new row's first probe waits for one
+(and in sharing a step the rows' probe clocks fall into step). Each probe in a row that keeps
+nothing doubles the wait before the next where a probe may keep less than half what it costs
+(its first guess counted one standard error above the estimate: one miss near break-even is one
+observation, not a verdict), up to MAX_PROBE_INTERVAL plain cycles (a second or two of
+decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while the
+cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its step
+was dropped unrun).
 """
 
 from typing import List, Optional
@@ -56,6 +62,7 @@ class AcceptanceStats:
         self.acceptance: List[float] = [0.5] * max_g
         self.judged: List[int] = [0] * max_g
         self.own: List[int] = [0] * max_g  # judged by this request itself (not the prior)
+        self.prior_at: List[float] = [0.0] * max_g  # the prior's figure at each position (0: none)
 
     @classmethod
     def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
@@ -63,6 +70,7 @@ class AcceptanceStats:
         for i, n in enumerate(prior.judged):
             if n:
                 stats.acceptance[i], stats.judged[i] = prior.acceptance[i], min(n, cls.PRIOR_WEIGHT)
+                stats.prior_at[i] = prior.acceptance[i]
         return stats
 
     @property
@@ -78,20 +86,40 @@ class AcceptanceStats:
             self.acceptance[i] = average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], self.decay, weight)
 
     def rates(self, g: int) -> List[float]:
-        """a_1 .. a_g as the predictions use them (unjudged positions as the deepest judged; those
-        the prior alone judged no lower than the deepest this request judged)."""
-        out, last, own_last = [], 0.5, 0.0
+        """a_1 .. a_g as the predictions use them. Unjudged positions: as the deepest judged. A
+        position only the prior judged: where this request does at least as well as the prior at
+        its own deepest position, no worse than that (the prior's deeper figures may be stale or
+        another content's: the request tries a longer draft and finds out); where it does worse,
+        the prior's figure scaled down alike (an engine whose requests kept everything must not
+        make a request that keeps nothing draft long until it has judged every depth itself)."""
+        out, last, own_last, scale = [], 0.5, None, 1.0
         for i in range(g):
             if self.own[i]:
                 last = own_last = self.acceptance[i]
+                scale = own_last / self.prior_at[i] if self.prior_at[i] > own_last else 1.0
             elif self.judged[i]:
-                last = max(self.acceptance[i], own_last)
+                last = self.acceptance[i] if own_last is None else (
+                    max(self.acceptance[i], own_last) if scale >= 1 else self.acceptance[i] * scale)
             out.append(last)
         return out
 
     def expected_tokens(self, g: int) -> float:
         """E(g) = 1 + a1 + a1 a2 + ...: the tokens a cycle with g guesses is expected to settle."""
         return self.expected_curve(g)[g]
+
+    def optimistic_tokens(self, g: int) -> float:
+        """E(g) with a_1 one standard error above its estimate (from the observations it rests on,
+        at most a moving average's worth): what a probe may find, while few observations say."""
+        count = min(self.judged[0], 1 / (1 - self.decay))
+        a1 = self.rates(1)[0]
+        if count:
+            a1 = min(1.0, a1 + (a1 * (1 - a1) / count) ** 0.5)
+        rest = self.rates(g)[1:]
+        total, run = 1.0, 1.0
+        for a in [a1, *rest]:
+            run *= a
+            total += run
+        return total
 
     def expected_curve(self, limit: int) -> List[float]:
         """[E(0), E(1), ..., E(limit)] in one pass."""
@@ -140,17 +168,18 @@ class DraftLength:
         """The most guesses a cycle may draft with `budget` tokens to go (it settles up to g + 1)."""
         return max(0, min(self.max_g, budget - 1))
 
-    def probe_wanted(self, every: int, alone: bool) -> int:
+    def probe_wanted(self, every: int, alone: bool, promising: bool = True) -> int:
         """DUE: a probe is to go out now; READY: it may go out with another row's, sharing its
         step (a probe's cost is its step's, paid by every row of the batch, however many rows
         probe in it); 0: none. `every`: the plain cycles between probes (`probe_every`);
-        `alone`: no other row to share a step with. A first probe is due at once alone, else
-        ready until `every` plain cycles; a periodic one ready from half its interval; the
-        longer probe after one that kept everything due at once."""
+        `alone`: no other row to share a step with; `promising`: a probe may keep at
+        least half what it costs (`probe_promising`). A first probe is due at once alone where
+        it is promising, else ready until `every` plain cycles; a periodic one ready from half
+        its interval; the longer probe after one that kept everything due at once."""
         if not self.adaptive or self.probe_out:
             return 0
         if self.first:
-            return DUE if alone or self.plain_streak >= every else READY
+            return DUE if (alone and promising) or self.plain_streak >= every else READY
         if self.probe or self.plain_streak >= every:
             return DUE
         return READY if 2 * self.plain_streak >= every else 0
@@ -172,14 +201,34 @@ class DraftLength:
 
     def probe_every(self, plain: Optional[float], probing: Optional[float]) -> int:
         """Plain cycles between probes, so that probing costs about PROBE_OVERHEAD of the time:
-        a probe's extra cost over a plain cycle (`probing` / `plain`, the engine's measured
-        times; None: not measured yet) spread over the cycles in between. Every few cycles where
-        a short draft is nearly free, as on a GPU; rarely where a draft step costs nearly a
-        target pass; at most MAX_PROBE_INTERVAL."""
+        a probe's expected net cost (its extra time over a plain cycle, `probing` / `plain`, the
+        engine's measured times, None: not measured yet; less the tokens it is expected to
+        keep) spread over the cycles in between. Every few cycles where a short draft is nearly
+        free, as on a GPU, or where the request is near break-even; rarely where a draft step
+        costs nearly a target pass and guesses are not kept; at most MAX_PROBE_INTERVAL. The
+        back-off applies where a probe may keep less than half what it costs (`optimistic_tokens`:
+        one miss near break-even is one observation, not a verdict)."""
         if not plain or not probing:
             return min(16 * self.backoff, MAX_PROBE_INTERVAL)
+        extra, net = self._probe_cost(plain, probing)
+        backoff = self.backoff if self._probe_cost(plain, probing, optimistic=True)[1] > extra / 2 else 1
+        return int(min(max(net / PROBE_OVERHEAD, 4) * backoff, MAX_PROBE_INTERVAL))
+
+    def probe_promising(self, plain: Optional[float], probing: Optional[float]) -> bool:
+        """Whether a probe may keep at least half what it costs (True where the
+        times are not measured yet). A request on an engine whose requests keep nothing defers
+        its first probe to the periodic interval instead of paying it at once."""
+        if not plain or not probing:
+            return True
+        extra, net = self._probe_cost(plain, probing, optimistic=True)
+        return net <= extra / 2
+
+    def _probe_cost(self, plain: float, probing: float, optimistic: bool = False):
+        """(extra, net): a probe's extra time over a plain cycle, and that less the tokens its
+        guesses are expected to keep (`optimistic`: may keep), in plain cycles."""
         extra = max(probing / plain - 1, 0.0)
-        return int(min(max(extra / PROBE_OVERHEAD, 4) * self.backoff, MAX_PROBE_INTERVAL))
+        kept = self.stats.optimistic_tokens(self.probe_g) if optimistic else self.stats.expected_tokens(self.probe_g)
+        return extra, max(extra + 1 - kept, 0.0)
 
     def withdraw(self) -> None:
         """The cycle last chosen for was thrown away unrun: a probe handed out for it is handed
