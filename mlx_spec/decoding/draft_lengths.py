@@ -134,8 +134,14 @@ class DraftLengths:
         return policy.probe_every(*self._probe_times(policy, batch))
 
     def _probe_times(self, policy: DraftLength, batch: int):
-        """(a plain step's time, a probe step's) at this batch size, None where not measured."""
-        return self.seconds.get((batch, 1)), self.seconds.get((batch, policy.probe_g + 1))
+        """(a plain step's time, a probe step's) at this batch size: measured, else the line's
+        (`_line`: a probe step is rarely timed, as a step is timed only after one of its shape);
+        None while nothing at all is measured at this size."""
+        plain = self.seconds.get((batch, 1))
+        if plain is None:
+            return None, None
+        probing = self.seconds.get((batch, policy.probe_g + 1))
+        return plain, probing if probing is not None else self._line(batch)(policy.probe_g + 1)
 
     def _line(self, batch: int):
         """positions -> a step's time at this batch size, for lengths not timed yet: a line
