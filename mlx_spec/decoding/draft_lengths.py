@@ -72,8 +72,7 @@ class DraftLengths:
             if not policy.adaptive:
                 gs[i] = cap
                 continue
-            promising = not policy.first or policy.probe_promising(*self._probe_times(policy, batch))
-            wanted[i] = policy.probe_wanted(self._probe_every(policy, batch), alone=stepping == 1, promising=promising)
+            wanted[i] = policy.probe_wanted(self._probe_every(policy, batch), alone=stepping == 1)
             deciders.append((i, policy, cap))
         if DUE in wanted.values():  # one probe step, shared by every row whose probe is near
             for i, policy, cap in [d for d in deciders if wanted[d[0]]]:

@@ -15,17 +15,15 @@ break-even a probe costs next to nothing and comes every few cycles; where guess
 kept it costs its whole extra time and comes rarely. A request's first cycles are a probe too:
 two guesses, four times as many each time all are kept, until one misses (so a run where
 everything is kept reaches its best length in two cycles, whatever the engine's earlier requests
-kept); it goes out at once unless the engine's acceptance says it would keep less than half what
-it costs (an engine whose requests keep nothing), and then waits for the periodic interval. In a
-batch, a step's cost is paid by every row, however many of them probe in it: rows' probes that
-are nearly due go out together with one that is due, and a new row's first probe waits for one
-(and in sharing a step the rows' probe clocks fall into step). Each probe in a row that keeps
-nothing doubles the wait before the next where a probe may keep less than half what it costs
-(its first guess counted one standard error above the estimate: one miss near break-even is one
-observation, not a verdict), up to MAX_PROBE_INTERVAL plain cycles (a second or two of
-decoding); a probe that keeps anything resets it. The loop chooses a cycle's length while the
-cycle before it runs, so a probe is handed out once until it settles or is withdrawn (its step
-was dropped unrun).
+kept). In a batch, a step's cost is paid by every row, however many of them probe in it: rows'
+probes that are nearly due go out together with one that is due, and a new row's first probe
+waits for one (and in sharing a step the rows' probe clocks fall into step). Each probe in a row
+that keeps nothing doubles the wait before the next where a probe may keep less than half what
+it costs (its first guess counted one standard error above the estimate: one miss near
+break-even is one observation, not a verdict), up to MAX_PROBE_INTERVAL plain cycles (a second
+or two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length
+while the cycle before it runs, so a probe is handed out once until it settles or is withdrawn
+(its step was dropped unrun).
 """
 
 from typing import List, Optional
@@ -168,18 +166,18 @@ class DraftLength:
         """The most guesses a cycle may draft with `budget` tokens to go (it settles up to g + 1)."""
         return max(0, min(self.max_g, budget - 1))
 
-    def probe_wanted(self, every: int, alone: bool, promising: bool = True) -> int:
+    def probe_wanted(self, every: int, alone: bool) -> int:
         """DUE: a probe is to go out now; READY: it may go out with another row's, sharing its
         step (a probe's cost is its step's, paid by every row of the batch, however many rows
         probe in it); 0: none. `every`: the plain cycles between probes (`probe_every`);
-        `alone`: no other row to share a step with; `promising`: a probe may keep at
-        least half what it costs (`probe_promising`). A first probe is due at once alone where
-        it is promising, else ready until `every` plain cycles; a periodic one ready from half
-        its interval; the longer probe after one that kept everything due at once."""
+        `alone`: no other row to share a step with. A first probe is due at once alone (a
+        request's content may be far easier to guess than the engine's recent ones: repeated
+        text for prompt lookup), else ready until `every` plain cycles; a periodic one ready
+        from half its interval; the longer probe after one that kept everything due at once."""
         if not self.adaptive or self.probe_out:
             return 0
         if self.first:
-            return DUE if (alone and promising) or self.plain_streak >= every else READY
+            return DUE if alone or self.plain_streak >= every else READY
         if self.probe or self.plain_streak >= every:
             return DUE
         return READY if 2 * self.plain_streak >= every else 0
@@ -213,15 +211,6 @@ class DraftLength:
         extra, net = self._probe_cost(plain, probing)
         backoff = self.backoff if self._probe_cost(plain, probing, optimistic=True)[1] > extra / 2 else 1
         return int(min(max(net / PROBE_OVERHEAD, 4) * backoff, MAX_PROBE_INTERVAL))
-
-    def probe_promising(self, plain: Optional[float], probing: Optional[float]) -> bool:
-        """Whether a probe may keep at least half what it costs (True where the
-        times are not measured yet). A request on an engine whose requests keep nothing defers
-        its first probe to the periodic interval instead of paying it at once."""
-        if not plain or not probing:
-            return True
-        extra, net = self._probe_cost(plain, probing, optimistic=True)
-        return net <= extra / 2
 
     def _probe_cost(self, plain: float, probing: float, optimistic: bool = False):
         """(extra, net): a probe's extra time over a plain cycle, and that less the tokens its
