@@ -44,6 +44,14 @@ class Alone:
         return self.lengths._probe_every(self.policy, 1)
 
 
+def drawn(rng, g: int, acceptance: float) -> int:
+    """How many of g guesses a cycle keeps when each is kept with probability `acceptance`."""
+    kept = 0
+    while kept < g and rng.random() < acceptance:
+        kept += 1
+    return kept
+
+
 def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3, cost=None):
     """Feed the policy cycles whose guesses are kept with probability `acceptance` and whose
     cost is step * (1 + per_guess * g) seconds (or cost(g)); return how often each g was chosen."""
@@ -52,9 +60,7 @@ def simulate(policy, acceptance, cycles=300, seed=0, step=1.0, per_guess=0.3, co
     for _ in range(cycles):
         g = policy.choose(budget=100)
         chosen[g] = chosen.get(g, 0) + 1
-        kept = 0
-        while kept < g and rng.random() < acceptance:
-            kept += 1
+        kept = drawn(rng, g, acceptance)
         policy.observe(g, kept, cost(g) if cost else step * (1 + per_guess * g))
     return chosen
 
@@ -209,9 +215,7 @@ def probes_in(policy, cycles, acceptance, seed=0):
     for _ in range(cycles):
         g = policy.choose(budget=100)
         probes += g > 0
-        kept = 0
-        while kept < g and rng.random() < acceptance:
-            kept += 1
+        kept = drawn(rng, g, acceptance)
         policy.observe(g, kept, 1.0 + 0.3 * g)
     return probes
 
@@ -240,9 +244,7 @@ def engine_after(acceptance, cost, requests=9, seed=0):
         policy = DraftLength(fixed=fixed, prior=lengths.acceptance)
         for _ in range(100):
             g = lengths.choose([Ask(policy, 100)])[0]
-            kept = 0
-            while kept < g and rng.random() < acceptance:
-                kept += 1
+            kept = drawn(rng, g, acceptance)
             policy.observe(g, kept)
             lengths.observe(1, g + 1, cost(g))
     return lengths

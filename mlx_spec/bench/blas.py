@@ -55,7 +55,7 @@ def _loaded_blas() -> Optional[str]:
     """The first BLAS among the libraries mapped into this process (Linux), MLX's own first."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if line.rstrip().endswith((".so", ".0")) or ".so." in line}
+            paths = {line.split()[-1] for line in maps if ".so" in line}
     except OSError:
         return None
     found = sorted(p for p in paths if _is_blas(p))

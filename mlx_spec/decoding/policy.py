@@ -108,25 +108,26 @@ class AcceptanceStats:
     def optimistic_tokens(self, g: int) -> float:
         """E(g) with a_1 one standard error above its estimate (from the observations it rests on,
         at most a moving average's worth): what a probe may find, while few observations say."""
+        rates = self.rates(g)
         count = min(self.judged[0], 1 / (1 - self.decay))
-        a1 = self.rates(1)[0]
-        if count:
-            a1 = min(1.0, a1 + (a1 * (1 - a1) / count) ** 0.5)
-        rest = self.rates(g)[1:]
-        total, run = 1.0, 1.0
-        for a in [a1, *rest]:
-            run *= a
-            total += run
-        return total
+        if rates and count:
+            rates[0] = min(1.0, rates[0] + (rates[0] * (1 - rates[0]) / count) ** 0.5)
+        return curve(rates)[-1]
 
     def expected_curve(self, limit: int) -> List[float]:
         """[E(0), E(1), ..., E(limit)] in one pass."""
-        out, total, run = [1.0], 1.0, 1.0
-        for a in self.rates(limit):
-            run *= a
-            total += run
-            out.append(total)
-        return out
+        return curve(self.rates(limit))
+
+
+def curve(rates: List[float]) -> List[float]:
+    """[E(0), E(1), ...] for acceptances a_1, a_2, ...: E(g) = 1 + a1 + a1 a2 + ..."""
+    out, total, run = [1.0], 1.0, 1.0
+    for a in rates:
+        run *= a
+        total += run
+        out.append(total)
+    return out
+
 
 def average(old: float, new: float, count: int, decay: float, weight: Optional[float] = None) -> float:
     """A plain mean over the first observations, a moving average after them."""
@@ -208,16 +209,11 @@ class DraftLength:
         one miss near break-even is one observation, not a verdict)."""
         if not plain or not probing:
             return min(16 * self.backoff, MAX_PROBE_INTERVAL)
-        extra, net = self._probe_cost(plain, probing)
-        backoff = self.backoff if self._probe_cost(plain, probing, optimistic=True)[1] > extra / 2 else 1
+        extra = max(probing / plain - 1, 0.0)  # in plain cycles, as the tokens kept
+        net = max(extra + 1 - self.stats.expected_tokens(self.probe_g), 0.0)
+        may_keep = self.stats.optimistic_tokens(self.probe_g) - 1
+        backoff = self.backoff if extra - may_keep > extra / 2 else 1
         return int(min(max(net / PROBE_OVERHEAD, 4) * backoff, MAX_PROBE_INTERVAL))
-
-    def _probe_cost(self, plain: float, probing: float, optimistic: bool = False):
-        """(extra, net): a probe's extra time over a plain cycle, and that less the tokens its
-        guesses are expected to keep (`optimistic`: may keep), in plain cycles."""
-        extra = max(probing / plain - 1, 0.0)
-        kept = self.stats.optimistic_tokens(self.probe_g) if optimistic else self.stats.expected_tokens(self.probe_g)
-        return extra, max(extra + 1 - kept, 0.0)
 
     def withdraw(self) -> None:
         """The cycle last chosen for was thrown away unrun: a probe handed out for it is handed
