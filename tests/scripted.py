@@ -74,3 +74,18 @@ class StepwiseDrafter(ScriptedDrafter):
             self.log.append("piece")
             yield
         return Draft(mx.concatenate(steps) if steps else guesses, steps=steps)
+
+
+def modelled_step_times(monkeypatch, per_position: float = 0.05, every_step: bool = True) -> None:
+    """The engines' cost models see modelled times, not this machine's: a step of L positions
+    takes 1 + per_position (L - 1) seconds, and a probe between plain steps costs
+    per_position (L - 1) more than a plain one, so that the choices do not hang on how busy the
+    machine is (the tokens never do). every_step: every step counts as timed (False: the loop
+    still decides which are)."""
+    from mlx_spec.decoding.draft_lengths import DraftLengths
+
+    observe, observe_probe = DraftLengths.observe, DraftLengths.observe_probe
+    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(
+        self, rows, positions, None if seconds is None and not every_step else 1.0 + per_position * (positions - 1)))
+    monkeypatch.setattr(DraftLengths, "observe_probe", lambda self, rows, positions, extra: observe_probe(
+        self, rows, positions, per_position * (positions - 1)))

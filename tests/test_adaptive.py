@@ -9,7 +9,7 @@ import tiny
 from mlx_spec import load
 from mlx_spec.decoding.draft_lengths import Ask, DraftLengths
 from mlx_spec.decoding.policy import DraftLength
-from scripted import ScriptedDrafter
+from scripted import ScriptedDrafter, modelled_step_times
 
 LONG = 200
 
@@ -104,15 +104,73 @@ def test_the_neighbours_steps_are_timed_in_a_real_run(engine, prompt, reference,
     tried for enough steps in a row that one of them is. With every guess kept, the loop drafts
     8 and times 7 beside it. The loop decides which steps are timed; their seconds are modelled
     (the choice must not hang on this machine's noise)."""
-    observe = DraftLengths.observe
-    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(
-        self, rows, positions, None if seconds is None else 1.0 + 0.05 * (positions - 1)))
+    modelled_step_times(monkeypatch, every_step=False)
     monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
     drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.0, seed=2)
     result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
     assert result.tokens == reference[len(prompt) :]
     assert max(result.stats.cycles_by_g, key=result.stats.cycles_by_g.get) == 8
     assert {(1, 9), (1, 8)} <= set(engine.draft_lengths.seconds), engine.draft_lengths.table()
+
+
+def test_a_probe_between_plain_steps_costs_what_the_loop_paid_around_it():
+    """A probe is a drafting step alone between plain ones: never timed as a step (its
+    neighbours differ), but charged what the three intervals around it took over three plain
+    steps (on MLX's CPU backend a step is computed as it is queued, in the interval before its
+    own). Not where a neighbour drafts too, nor across other work."""
+    from types import SimpleNamespace
+
+    from mlx_spec.decoding.step_clock import StepClock
+
+    def step(positions, traced=False):
+        return SimpleNamespace(shape=(1, positions), rows=1, positions=positions, traced=traced)
+
+    def run(clock, steps, start=0.0):
+        """Settle each (positions, interval) in turn, the next queued behind it (a plain step
+        behind the last)."""
+        now = start
+        for (positions, interval), (queued, _) in zip(steps, steps[1:] + [(1, None)]):
+            now += interval
+            clock.settled(step(positions), step(queued), now)
+        return now
+
+    lengths = DraftLengths()
+    clock = StepClock(lengths)
+    now = run(clock, [(1, 1.0), (1, 1.0), (1, 1.0), (2, 2.5), (1, 1.0)])
+    assert lengths.seconds[(1, 1)] == 1.0 and (1, 2) not in lengths.seconds  # the probe is no step's time
+    assert lengths.probe_extra == {(1, 2): 1.5}  # 1 + 2.5 + 1 less three plain steps
+    plain, probing = lengths._probe_times(DraftLength(), 1)
+    assert (plain, probing) == (1.0, 2.5)
+    run(clock, [(1, 1.0), (3, 2.0), (2, 2.0), (1, 1.0), (1, 1.0)], now)  # two drafting steps in a row
+    assert lengths.probes_timed == {(1, 2): 1}
+    clock.interrupt()  # a prompt's chunk between the probe and its neighbours
+    clock.settled(step(2), step(1), now + 10)
+    clock.settled(step(1), step(1), now + 11)
+    assert lengths.probes_timed == {(1, 2): 1}
+
+
+def test_a_probe_s_measured_cost_not_the_line_s_sets_its_interval():
+    """The line through the drafting lengths' times misses a draft step's fixed cost (on this
+    project's CPU it put a probe at about half its real cost, and probes twice as often as
+    their 1% where nothing is kept): once a probe has been timed, its interval weighs that."""
+    alone = stopped_policy()
+    lengths = alone.lengths
+    lengths.seconds = {(1, 1): 1.0, (1, 7): 1.0 + 6 * 0.28}
+    alone.policy.backoff = 1  # the interval itself, not its back-off
+    before = alone.probe_every()
+    lengths.observe_probe(1, 2, 0.6)
+    assert alone.probe_every() == pytest.approx(before * 0.6 / 0.28, rel=0.1)
+
+
+def test_probes_are_timed_in_a_real_run(engine, prompt, reference, monkeypatch):
+    """Where no guess is ever kept, the loop's probes go out between plain steps, and the cost
+    model learns what one costs."""
+    monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=1.0, seed=2)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
+    assert result.tokens == reference[len(prompt) :] and result.stats.kept == 0
+    assert result.stats.cycles_by_g.get(1, 0) >= 2, result.stats.cycles_by_g
+    assert (1, 2) in engine.draft_lengths.probe_extra, engine.draft_lengths.table()
 
 
 def test_a_position_only_the_prior_judged_is_no_worse_than_the_request_s_own():
@@ -346,8 +404,7 @@ def test_default_drafting_is_exact_and_adaptive(engine, prompt, reference, monke
 def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference, monkeypatch):
     # The cost model sees modelled step times (a pass 1, each guess 0.05 more), so that its
     # choices do not depend on how busy this machine is; the tokens never depend on them.
-    observe = DraftLengths.observe
-    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(self, rows, positions, 1.0 + 0.05 * (positions - 1)))
+    modelled_step_times(monkeypatch)
     stats = {}
     for p in (0.0, 0.4, 1.0):  # the probability that a guess is broken
         # Each request on an engine of its own: what one request learns alone (only modelled
@@ -370,8 +427,7 @@ def test_a_request_starts_from_the_engine_s_acceptance(engine, prompt, reference
     after requests that keep every guess, the next drafts long from its first cycle (no probe
     of two first); after requests that keep none, the next probes once (its own content might
     be easier to guess) and then drafts nothing."""
-    observe = DraftLengths.observe
-    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(self, rows, positions, 1.0 + 0.05 * (positions - 1)))
+    modelled_step_times(monkeypatch)
     for p in (0.0, 1.0):
         monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
         for _ in range(3):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tiny
+from scripted import modelled_step_times
 from mlx_spec.decoding.prompt_cache import PromptCache
 from mlx_spec.decoding.reports import WAITING
 from mlx_spec.generation import Generation
@@ -92,8 +93,7 @@ def test_a_row_that_keeps_nothing_drafts_none_beside_rows_that_keep_everything(e
     long (a step's cost modelled, so that the choice does not hang on this machine's speed)."""
     from mlx_spec.decoding.draft_lengths import DraftLengths
 
-    observe = DraftLengths.observe
-    monkeypatch.setattr(DraftLengths, "observe", lambda self, rows, positions, seconds: observe(self, rows, positions, 1.0 + 0.05 * (positions - 1)))
+    modelled_step_times(monkeypatch)
     monkeypatch.setattr(engine, "draft_lengths", DraftLengths())  # only modelled times in it
     prompt = list(range(20, 20 + 2 * tiny.WINDOW + 3))
     prompts = [prompt, prompt[1:], prompt[2:]]

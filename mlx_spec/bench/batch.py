@@ -120,7 +120,8 @@ def main(argv=None):
     progress = Progress("batch", len(levels) * args.rounds)
     rows = [measure(engine, pool[:c], progress, c, args.rounds) for c in levels]
     results = {"machine": info, "models": describe_models(args), "levels": rows, "rounds": args.rounds,
-               "step_ms": engine.draft_lengths.table(), "bars": judged(rows)}
+               "step_ms": engine.draft_lengths.table(),
+               "probe_extra_ms": engine.draft_lengths.probe_table(), "bars": judged(rows)}
     print_tables(rows, results["bars"])
     print(f"\nJSON: {write_json('batch', args, results)}")
 
@@ -204,14 +205,16 @@ def step_cost(engine, rows: int) -> dict:
     guesses pay for it: 1 + a + ... + a^G = that ratio (None where it was not timed)."""
     seconds = engine.draft_lengths.seconds
     plain, drafting = seconds.get((rows, 1)), seconds.get((rows, G + 1))
+    probe = engine.draft_lengths.probe_extra.get((rows, 2))  # a probe of one guess, between plain steps
+    probe_cost = None if probe is None or not plain else probe / plain
     if not plain or not drafting:
-        return {"ratio": None, "break_even": None}
+        return {"ratio": None, "break_even": None, "probe": probe_cost}
     ratio = drafting / plain
     low, high = 0.0, 1.0
     for _ in range(40):  # E(a) is increasing in a: bisect
         mid = (low + high) / 2
         low, high = (mid, high) if sum(mid ** i for i in range(G + 1)) < ratio else (low, mid)
-    return {"ratio": ratio, "break_even": high if ratio <= G + 1 else None}
+    return {"ratio": ratio, "break_even": high if ratio <= G + 1 else None, "probe": probe_cost}
 
 
 def same_tokens(row) -> str:
@@ -247,9 +250,10 @@ def print_tables(rows, bars) -> None:
               "flips near-ties (random weights' logits are flat; docs/benchmarks.md). Ours are the same with and "
               "without drafting and batching.")
     print("\nWhere drafting pays, from the step costs the batch measured (T(B, L): B rows, L positions):\n")
-    cost = [[r["concurrency"], "-" if r["step_cost"]["ratio"] is None else f"{r['step_cost']['ratio']:.2f}",
-             "-" if r["step_cost"]["break_even"] is None else f"{r['step_cost']['break_even']:.2f}"] for r in rows]
-    print(markdown(["rows", f"T(B, {G + 1}) / T(B, 1)", f"acceptance needed for g = {G} to pay"], cost))
+    cost = [[r["concurrency"]] + ["-" if r["step_cost"].get(k) is None else f"{r['step_cost'][k]:.2f}"
+                                  for k in ("ratio", "break_even", "probe")] for r in rows]
+    print(markdown(["rows", f"T(B, {G + 1}) / T(B, 1)", f"acceptance needed for g = {G} to pay",
+                    "a probe of one guess between plain steps: its extra / T(B, 1)"], cost))
     print("\n" + markdown(["bar", "figure", "middle half of the rounds", "met"],
                           [[b["bar"], f"{b['ratio']:.2f}", "{:.2f}-{:.2f}".format(*b["middle_half"]), "yes" if b["met"] else "NO"]
                            for b in bars]))

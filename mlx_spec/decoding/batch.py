@@ -53,6 +53,7 @@ from .launch import Launcher
 from .limits import MAX_DRAFT_TOKENS, TRIM_ALLOWANCE
 from .lockstep import lost_peer
 from .rows import Row, RowReader, outcome
+from .step_clock import StepClock
 
 RECENT_SECONDS = 10.0  # the window of the batch's tokens per second
 
@@ -74,8 +75,7 @@ class Batch:
         self.launcher = Launcher()
         self.pipelined = pipelined
         self.upcoming: Optional[Step] = None  # the step queued ahead, to run at the next call
-        self.last_sync: Optional[float] = None  # when the last step synced (None: other work since)
-        self.last_shape: Optional[tuple] = None  # its (rows, positions)
+        self.clock = StepClock(self.lengths)  # what each step costs, for the cost model
         self.rows: List[Row] = []
         self.steps = 0
         self.recent: Deque[Tuple[float, int]] = deque()  # (when, tokens) of the last steps
@@ -139,21 +139,9 @@ class Batch:
             if not isinstance(e, Exception) or lost_peer(e):  # a lost rank: no later step can run
                 raise
             return 0
-        synced, since, before = time.perf_counter(), self.last_sync, self.last_shape
-        self.last_sync, self.last_shape = synced, running.shape
+        synced = time.perf_counter()
         settled = self._settle_step(running)
-        if running.rows:
-            # What a step costs the loop: the time from the last sync to its own. Steps run back
-            # to back, so that is the device's time on it where the device is the bottleneck, and
-            # the host's work per step (settling, handing over, building) where the host is.
-            # Timed only where the steps before and after it have its shape: what one interval
-            # holds of its neighbours' work then costs what it holds of its own (on MLX's CPU
-            # backend a step queued whole is computed as it is queued, inside the interval
-            # before its own). Not a step that traced, follows other work (a prompt's chunk),
-            # or ends the run (its sync comes at once and would read as free).
-            timed = (since is not None and not running.traced and ahead is not None
-                     and before == running.shape == ahead.shape)
-            self.lengths.observe(running.rows, running.positions, synced - since if timed else None)
+        self.clock.settled(running, ahead, synced)
         self.steps += 1
         self.recent.append((time.perf_counter(), sum(settled.values())))
         self.upcoming = ahead
@@ -161,7 +149,7 @@ class Batch:
 
     def interrupt(self) -> None:
         """Other work (a prompt's chunk) runs before the next step: its time is not the step's."""
-        self.last_sync = self.last_shape = None
+        self.clock.interrupt()
 
     def _drop_upcoming(self) -> None:
         """The step queued ahead is dropped unrun: a probe handed out for it is handed out again

@@ -7,7 +7,9 @@ rows are padded). `DraftLengths` learns T(B, L), the time of a step of B rows ov
 once per engine: every generation on it, alone or batched, times its steps into the same table
 (a moving average per (B, L); for lengths not timed yet at this B, a straight line through the
 ones that were, or the shape of the nearest B's line, never below the prior of a guess costing
-a quarter of a plain position). A step that traced a compiled function is not timed.
+a quarter of a plain position). A step that traced a compiled function is not timed. A probe
+(a drafting step alone between plain ones: policy.py) is never timed as a step, so what it costs
+the loop is measured apart (step_clock.py) and weighs its interval.
 
 Each row brings its own acceptance (`DraftLength`, policy.py), so row b expects E_b(g) tokens from
 g guesses. The step drafts the g that maximises the batch's expected tokens per second,
@@ -57,6 +59,10 @@ class DraftLengths:
         self.seconds: Dict[Tuple[int, int], float] = {}  # (rows, positions) -> a step's time
         self.timed: Dict[Tuple[int, int], int] = {}
         self.explored: Dict[Tuple[int, int], int] = {}
+        # What a probe (a drafting step alone between plain ones) costs over a plain step, as
+        # the loop measures it (step_clock.py): (rows, positions) -> seconds.
+        self.probe_extra: Dict[Tuple[int, int], float] = {}
+        self.probes_timed: Dict[Tuple[int, int], int] = {}
 
     def choose(self, asks: List[Ask]) -> List[int]:
         """Each row's g for the next step of these rows (probes handed out are marked so)."""
@@ -133,13 +139,16 @@ class DraftLengths:
         return policy.probe_every(*self._probe_times(policy, batch))
 
     def _probe_times(self, policy: DraftLength, batch: int):
-        """(a plain step's time, a probe step's) at this batch size: measured, else the line's
-        (`_line`: a probe step is rarely timed, as a step is timed only after one of its shape);
-        None while nothing at all is measured at this size."""
+        """(a plain step's time, a probe step's) at this batch size: a plain step and a probe's
+        measured extra over it (`observe_probe`), else the step time measured at the probe's
+        length, else the line's (`_line`); None while nothing at all is measured at this size."""
         plain = self.seconds.get((batch, 1))
         if plain is None:
             return None, None
-        probing = self.seconds.get((batch, policy.probe_g + 1))
+        key = (batch, policy.probe_g + 1)
+        if key in self.probe_extra:
+            return plain, plain + self.probe_extra[key]
+        probing = self.seconds.get(key)
         return plain, probing if probing is not None else self._line(batch)(policy.probe_g + 1)
 
     def _line(self, batch: int):
@@ -173,9 +182,21 @@ class DraftLengths:
         self.timed[key] = self.timed.get(key, 0) + 1
         self.seconds[key] = average(self.seconds.get(key, 0.0), seconds, self.timed[key], self.decay)
 
+    def observe_probe(self, batch: int, positions: int, extra: float) -> None:
+        """A probe step of `batch` rows over `positions` positions, between plain steps, cost the
+        loop `extra` seconds over a plain step (step_clock.py; noise may make one negative)."""
+        extra = self.lockstep.seconds(extra)
+        key = (batch, positions)
+        self.probes_timed[key] = self.probes_timed.get(key, 0) + 1
+        self.probe_extra[key] = average(self.probe_extra.get(key, 0.0), extra, self.probes_timed[key], self.decay)
+
     def table(self) -> Dict[str, float]:
         """The measured step times, 'rows x positions' -> milliseconds (for the bench)."""
         return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.seconds.items())}
+
+    def probe_table(self) -> Dict[str, float]:
+        """A probe's measured extra over a plain step, 'rows x positions' -> milliseconds."""
+        return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.probe_extra.items())}
 
 
 def _fit(known):
