@@ -152,7 +152,8 @@ def test_a_probe_between_plain_steps_costs_what_the_loop_paid_around_it():
 def test_a_probe_s_measured_cost_not_the_line_s_sets_its_interval():
     """The line through the drafting lengths' times misses a draft step's fixed cost (on this
     project's CPU it put a probe at about half its real cost, and probes twice as often as
-    their 1% where nothing is kept): once a probe has been timed, its interval weighs that."""
+    their 1% where nothing is kept): once a probe has been timed, its interval weighs that, at
+    every batch size."""
     alone = stopped_policy()
     lengths = alone.lengths
     lengths.seconds = {(1, 1): 1.0, (1, 7): 1.0 + 6 * 0.28}
@@ -160,6 +161,26 @@ def test_a_probe_s_measured_cost_not_the_line_s_sets_its_interval():
     before = alone.probe_every()
     lengths.observe_probe(1, 2, 0.6)
     assert alone.probe_every() == pytest.approx(before * 0.6 / 0.28, rel=0.1)
+    # Beside other rows (rarely timed: their requests join, leave and probe too), the nearest
+    # batch size's figure in proportion to a plain step's time.
+    lengths.seconds[(4, 1)] = 2.0
+    assert lengths._probe_times(alone.policy, 4) == pytest.approx((2.0, 2.0 * 1.6))
+
+
+def test_a_probe_is_priced_by_what_it_may_keep():
+    """A probe's interval weighs its extra time less what its guess may keep, counted one
+    standard error above the estimate: while few observations say (near break-even, after a
+    few unlucky misses), it comes sooner than the estimate alone would have it; where nothing
+    was ever kept it costs its whole extra time, and comes rarely."""
+    from mlx_spec.decoding.policy import PROBE_OVERHEAD
+
+    def interval(acceptance, observations):
+        policy = DraftLength()
+        policy.stats.acceptance[0], policy.stats.judged[0] = acceptance, observations
+        return policy.probe_every(1.0, 1.54)  # a probe of one guess costs 0.54 of a plain step
+
+    assert interval(0.3, 3) < interval(0.3, 100) < (0.54 - 0.3) / PROBE_OVERHEAD
+    assert interval(0.0, 100) == int(0.54 / PROBE_OVERHEAD)
 
 
 def test_probes_are_timed_in_a_real_run(engine, prompt, reference, monkeypatch):

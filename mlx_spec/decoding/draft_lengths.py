@@ -140,16 +140,21 @@ class DraftLengths:
 
     def _probe_times(self, policy: DraftLength, batch: int):
         """(a plain step's time, a probe step's) at this batch size: a plain step and a probe's
-        measured extra over it (`observe_probe`), else the step time measured at the probe's
-        length, else the line's (`_line`); None while nothing at all is measured at this size."""
+        measured extra over it (`observe_probe`; where none was measured at this size, the
+        nearest size's, in proportion to the plain steps' times: probes are rarely timed beside
+        other rows, whose requests join, leave and probe), else the step time measured at the
+        probe's length, else the line's (`_line`); None while nothing at all is measured at
+        this size."""
         plain = self.seconds.get((batch, 1))
         if plain is None:
             return None, None
-        key = (batch, policy.probe_g + 1)
-        if key in self.probe_extra:
-            return plain, plain + self.probe_extra[key]
-        probing = self.seconds.get(key)
-        return plain, probing if probing is not None else self._line(batch)(policy.probe_g + 1)
+        positions = policy.probe_g + 1
+        measured = [b for b, p in self.probe_extra if p == positions and (b, 1) in self.seconds]
+        if measured:
+            nearest = min(measured, key=lambda b: (abs(b - batch), b))
+            return plain, plain * (1 + self.probe_extra[(nearest, positions)] / self.seconds[(nearest, 1)])
+        probing = self.seconds.get((batch, positions))
+        return plain, probing if probing is not None else self._line(batch)(positions)
 
     def _line(self, batch: int):
         """positions -> a step's time at this batch size, for lengths not timed yet: a line

@@ -9,10 +9,11 @@ Every request (a row of a batch, or a generation alone: a batch of one) holds a 
 
 A request's acceptance starts from the engine's (every request on it adds to it), worth a few
 observations of its own. While an adaptive request drafts nothing, a short probe now and then
-notices when guessing pays again: as often as its expected net cost (its extra time over a plain
-cycle, less the tokens its guesses are expected to keep) is about 1% of the time. Near
-break-even a probe costs next to nothing and comes every few cycles; where guesses are never
-kept it costs its whole extra time and comes rarely. A request's first cycles are a probe too:
+notices when guessing pays again: as often as its net cost (its extra time over a plain cycle,
+less the tokens its guesses may keep, the first guess counted one standard error above its
+estimate: while few observations say, a probe is also worth what it may find) is about 1% of
+the time. Near break-even a probe costs next to nothing and comes every few cycles; where
+guesses are never kept it costs its whole extra time and comes rarely. A request's first cycles are a probe too:
 two guesses, four times as many each time all are kept, until one misses (so a run where
 everything is kept reaches its best length in two cycles, whatever the engine's earlier requests
 kept). In a batch, a step's cost is paid by every row, however many of them probe in it: rows'
@@ -200,19 +201,20 @@ class DraftLength:
 
     def probe_every(self, plain: Optional[float], probing: Optional[float]) -> int:
         """Plain cycles between probes, so that probing costs about PROBE_OVERHEAD of the time:
-        a probe's expected net cost (its extra time over a plain cycle, `probing` / `plain`, the
-        engine's measured times, None: not measured yet; less the tokens it is expected to
-        keep) spread over the cycles in between. Every few cycles where a short draft is nearly
-        free, as on a GPU, or where the request is near break-even; rarely where a draft step
-        costs nearly a target pass and guesses are not kept; at most MAX_PROBE_INTERVAL. The
-        back-off applies where a probe may keep less than half what it costs (`optimistic_tokens`:
-        one miss near break-even is one observation, not a verdict)."""
+        a probe's net cost (its extra time over a plain cycle, `probing` / `plain`, the engine's
+        measured times, None: not measured yet; less the tokens it may keep, `optimistic_tokens`:
+        where few observations say, a probe is also worth what it may find; where nothing was
+        ever kept, it costs its whole extra time) spread over the cycles in between. Every few
+        cycles where a short draft is nearly free, as on a GPU, or where the request is near
+        break-even; rarely where a draft step costs nearly a target pass and guesses are not
+        kept; at most MAX_PROBE_INTERVAL. The back-off applies where a probe may keep less than
+        half what it costs (one miss near break-even is one observation, not a verdict)."""
         if not plain or not probing:
             return min(16 * self.backoff, MAX_PROBE_INTERVAL)
         extra = max(probing / plain - 1, 0.0)  # in plain cycles, as the tokens kept
-        net = max(extra + 1 - self.stats.expected_tokens(self.probe_g), 0.0)
         may_keep = self.stats.optimistic_tokens(self.probe_g) - 1
-        backoff = self.backoff if extra - may_keep > extra / 2 else 1
+        net = max(extra - may_keep, 0.0)
+        backoff = self.backoff if net > extra / 2 else 1
         return int(min(max(net / PROBE_OVERHEAD, 4) * backoff, MAX_PROBE_INTERVAL))
 
     def withdraw(self) -> None:
