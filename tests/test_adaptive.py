@@ -122,8 +122,8 @@ def test_a_probe_between_plain_steps_costs_what_the_loop_paid_around_it():
 
     from mlx_spec.decoding.step_clock import StepClock
 
-    def step(positions, traced=False):
-        return SimpleNamespace(shape=(1, positions), rows=1, positions=positions, traced=traced)
+    def step(positions):
+        return SimpleNamespace(shape=(1, positions), rows=1, positions=positions, traced=False)
 
     def run(clock, steps, start=0.0):
         """Settle each (positions, interval) in turn, the next queued behind it (a plain step

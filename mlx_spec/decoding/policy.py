@@ -13,18 +13,17 @@ notices when guessing pays again: as often as its net cost (its extra time over 
 less the tokens its guesses may keep, the first guess counted one standard error above its
 estimate: while few observations say, a probe is also worth what it may find) is about 1% of
 the time. Near break-even a probe costs next to nothing and comes every few cycles; where
-guesses are never kept it costs its whole extra time and comes rarely. A request's first cycles are a probe too:
-two guesses, four times as many each time all are kept, until one misses (so a run where
-everything is kept reaches its best length in two cycles, whatever the engine's earlier requests
-kept). In a batch, a step's cost is paid by every row, however many of them probe in it: rows'
-probes that are nearly due go out together with one that is due, and a new row's first probe
-waits for one (and in sharing a step the rows' probe clocks fall into step). Each probe in a row
-that keeps nothing doubles the wait before the next where a probe may keep less than half what
-it costs (its first guess counted one standard error above the estimate: one miss near
-break-even is one observation, not a verdict), up to MAX_PROBE_INTERVAL plain cycles (a second
-or two of decoding); a probe that keeps anything resets it. The loop chooses a cycle's length
-while the cycle before it runs, so a probe is handed out once until it settles or is withdrawn
-(its step was dropped unrun).
+guesses are never kept it costs its whole extra time and comes rarely. A request's first cycles
+are a probe too: two guesses, four times as many each time all are kept, until one misses (so a
+run where everything is kept reaches its best length in two cycles, whatever the engine's earlier
+requests kept). In a batch, a step's cost is paid by every row, however many of them probe in
+it: rows' probes that are nearly due go out together with one that is due, and a new row's first
+probe waits for one (and in sharing a step the rows' probe clocks fall into step). Each probe in
+a row that keeps nothing doubles the wait before the next where a probe may keep less than half
+what it costs (so one miss near break-even is one observation, not a verdict), up to
+MAX_PROBE_INTERVAL plain cycles (a second or two of decoding); a probe that keeps anything
+resets it. The loop chooses a cycle's length while the cycle before it runs, so a probe is
+handed out once until it settles or is withdrawn (its step was dropped unrun).
 """
 
 from typing import List, Optional
