@@ -371,6 +371,50 @@ def test_an_engine_that_kept_everything_does_not_make_a_request_that_keeps_nothi
     assert sum(g >= 2 for g in chosen) <= 3 and sum(chosen) <= 16, chosen
 
 
+def test_where_the_engine_s_guesses_are_never_kept_a_first_probe_asks_only_the_free_drafters():
+    """A request's first probe asks whether its own content is easier to guess than the engine's
+    recent ones. Where the engine's requests judged the first guess a moving average's worth of
+    times and never kept it, the assistant is not worth that probe: it is drafted by the free
+    drafters alone (prompt lookup), and the flag ends with the probe. Where the engine's guesses
+    were kept half the time, or judged only a few times, the assistant drafts it too."""
+    for acceptance, free in ((0.0, True), (0.5, False)):
+        lengths = engine_after(acceptance, cpu_cost)
+        policy = DraftLength(prior=lengths.acceptance)
+        assert lengths.choose([Ask(policy, 100)])[0] == 2 and policy.free_only == free, acceptance
+        policy.observe(0, 0, asked=2)  # lookup found nothing to copy
+        assert not policy.free_only and not policy.first and policy.probe == 0
+    few = DraftLengths()
+    for positions, ms in ((1, 10.0), (2, 16.2)):
+        few.observe(1, positions, ms / 1000)
+    for _ in range(10):
+        few.acceptance.observe(1, 0)
+    policy = DraftLength(prior=few.acceptance)
+    assert few.choose([Ask(policy, 100)])[0] == 2 and not policy.free_only
+
+
+def test_a_free_first_probe_is_exact_and_still_finds_repeated_text(engine, monkeypatch):
+    """The tiny assistant's guesses are never kept. Once the engine has judged enough of them, a
+    request's first probe is prompt lookup's alone, alone and inside a batch (where it goes out at
+    once: where lookup finds nothing it costs nothing): no answer drafts anything by the
+    assistant in its first 24 tokens (a periodic probe comes after 30 plain cycles here), a
+    request whose text repeats itself still finds it, and every answer is MTP off's."""
+    modelled_step_times(monkeypatch, per_position=0.3)
+    monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
+    rng = np.random.RandomState(5)
+    for _ in range(3):
+        engine.generate(rng.randint(5, tiny.VOCAB, size=40).tolist(), max_tokens=30, draft_tokens=2, lookup=False)
+    assert engine.draft_lengths.acceptance.judged[0] >= 50
+    block = rng.randint(5, 300, size=20).tolist()
+    prompts = [block * 3, rng.randint(5, tiny.VOCAB, size=60).tolist(), block[::-1] * 3]
+    alone = [engine.generate(prompt, max_tokens=24) for prompt in prompts]
+    together = engine.generate_many(prompts, max_tokens=24)
+    for prompt, answers in zip(prompts, zip(alone, together)):
+        off = engine.generate(prompt, max_tokens=24, mtp=False).tokens
+        assert all(a.tokens == off and a.stats.drafted_by_source.get("mtp", 0) == 0 for a in answers)
+    assert alone[0].stats.drafted_by_source.get("lookup", 0) > 0
+    assert together[0].stats.drafted_by_source.get("lookup", 0) > 0
+
+
 def test_rows_of_a_batch_probe_in_shared_steps():
     """Eight rows whose guesses are never kept, joining a batch one every ten steps: a probe step
     costs every row, so the rows whose probes are near go out together, and a new row's first
@@ -497,6 +541,9 @@ def test_the_fastest_length_is_the_best_expected_rate():
             g = rng.randint(0, 8)
             alone.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
         limit = rng.randint(0, 8)
+        if alone.policy.stats.expected_tokens(limit) <= 1.0:
+            assert alone.fastest(limit) == 0, trial  # no guess expected kept: nothing to weigh (noise aside, a draft never costs less)
+            continue
         rates = [alone.policy.stats.expected_tokens(g) / cycle_seconds(alone, g) for g in range(limit + 1)]
         assert alone.fastest(limit) == rates.index(max(rates)), trial
 

@@ -127,6 +127,9 @@ class StepBuilder:
         if not any(a.budget > 0 for a in asks):
             return None, 0, []
         gs = self.lengths.choose(asks)
+        # A first probe is built from the settled tokens (the row's first cycle ran alone), so
+        # prompt lookup, which reads them, is among its drafters.
+        free_only = [a.policy is not None and a.policy.free_only and g > 0 for a, g in zip(asks, gs)]
         if any(g > 0 and d is None for g, d, a in zip(gs, drafters, asks) if a.policy is not None):
             for ask in asks:  # the step waits for the tokens: what was handed out for it comes back
                 if ask.policy is not None:
@@ -136,7 +139,8 @@ class StepBuilder:
         contexts = [DraftContext(r.state.tokens, s.last, s.hidden, RowKV(lambda b=b: self._row_kv(offsets, b)), r.decoder.settings,
                                  s.uniforms(r.decoder.uniforms["draft"], 0, g), s.ahead, r.state.ngrams) if g else None
                     for b, (r, s, g) in enumerate(zip(rows, starts, gs))]
-        drafts, stages = yield from draft_rows(drafters, contexts, gs, lambda idx: self._assistant_inputs(starts, offsets, idx))
+        drafts, stages = yield from draft_rows(drafters, contexts, gs, lambda idx: self._assistant_inputs(starts, offsets, idx),
+                                               free_only)
         drafts = [r.decoder.builder.check(d, g) for r, d, g in zip(rows, drafts, gs)]
         positions = max(d.tokens.shape[0] for d in drafts) + 1
         vocab = self.target.vocab_size

@@ -75,6 +75,8 @@ class DraftLengths:
             cap = policy.cap(budget)
             if policy.first and cap and self.fastest(batch, [(i, policy, cap)]) > 0:
                 policy.skip_first_probe()  # the engine's acceptance already drafts: no need to probe
+            elif policy.first and cap and self._assistant_not_worth_probing(policy, batch):
+                policy.free_first_probe()
             if not policy.adaptive:
                 gs[i] = cap
                 continue
@@ -98,6 +100,8 @@ class DraftLengths:
         floor = max((g for _, g in others), default=0)
         limit = max(cap for _, _, cap in deciders)
         best = self._neighbour(batch, self.fastest(batch, deciders, others), limit, floor)
+        if best == 0:
+            return [0] * len(deciders)
         gains = [policy.stats.expected_tokens(min(best, cap)) - 1 for _, policy, cap in deciders]
         return [0 if gain < MIN_GAIN <= max(gains) else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
 
@@ -106,11 +110,15 @@ class DraftLengths:
         tokens per second for the batch, the shortest on a tie, in one pass (this runs every
         step, and a plain step of a small model takes a few milliseconds). `others`: the other
         stepping rows' (policy or None, g). A step's time is the measured one, or the line's
-        (`_line`) for a length not measured yet, and never less than a shorter draft's."""
+        (`_line`) for a length not measured yet, and never less than a shorter draft's. Where
+        no guess of theirs is expected to be kept, none (only noise makes a draft look cheaper
+        than a plain step), without weighing the lengths: at zero acceptance this is every step."""
         floor = max((g for _, g in others), default=0)
         settled = sum(p.stats.expected_tokens(g) if p is not None else 1.0 for p, g in others)
         limit = max(cap for _, _, cap in deciders)
         curves = [(policy.stats.expected_curve(limit), cap) for _, policy, cap in deciders]
+        if all(curve[cap] <= 1.0 for curve, cap in curves):
+            return 0
         line = self._line(batch)
         best, best_rate, slowest = 0, -1.0, 0.0
         for g in range(limit + 1):
@@ -134,6 +142,18 @@ class DraftLengths:
                 self.explored[key] = self.explored.get(key, 0) + 1
                 return n
         return g
+
+    def _assistant_not_worth_probing(self, policy: DraftLength, batch: int) -> bool:
+        """Whether the engine's guesses, pooled over its requests, have been judged often enough
+        (a moving average's worth) to say that a probe of one guess keeps less than half what it
+        costs, even with the first guess's acceptance one standard error up: the back-off's
+        test, put to the engine's evidence instead of one request's."""
+        if self.acceptance.judged[0] < 1 / (1 - PRIOR_DECAY):
+            return False
+        plain, probing = self._probe_times(policy, batch)
+        if not plain or not probing:
+            return False
+        return self.acceptance.optimistic_tokens(1) - 1 < (probing / plain - 1) / 2
 
     def _probe_every(self, policy: DraftLength, batch: int) -> int:
         return policy.probe_every(*self._probe_times(policy, batch))

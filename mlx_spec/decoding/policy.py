@@ -153,6 +153,10 @@ class DraftLength:
         # own content may be far easier to guess than the engine's recent ones.
         self.probe = min(first_probe, self.max_g) if fixed is None else 0
         self.first = self.probe > 0  # the first probe is still to come
+        # The probe due or out is drafted by the drafters that guess for free (prompt lookup)
+        # alone, not the assistant: where the engine's assistant guesses are not worth a probe
+        # (draft_lengths.py), a request's first probe asks only whether its text repeats itself.
+        self.free_only = False
         # Whether the probe was handed out and has not settled yet (the next cycle is chosen
         # while the current one runs: it must not probe twice for one).
         self.probe_out = False
@@ -173,12 +177,13 @@ class DraftLength:
         probe in it); 0: none. `every`: the plain cycles between probes (`probe_every`);
         `alone`: no other row to share a step with. A first probe is due at once alone (a
         request's content may be far easier to guess than the engine's recent ones: repeated
-        text for prompt lookup), else ready until `every` plain cycles; a periodic one ready
+        text for prompt lookup), and so is one the free drafters alone make, else ready until
+        `every` plain cycles; a periodic one ready
         from half its interval; the longer probe after one that kept everything due at once."""
         if not self.adaptive or self.probe_out:
             return 0
-        if self.first:
-            return DUE if alone or self.plain_streak >= every else READY
+        if self.first:  # (one the free drafters alone make costs the batch nothing where they find nothing)
+            return DUE if alone or self.free_only or self.plain_streak >= every else READY
         if self.probe or self.plain_streak >= every:
             return DUE
         return READY if 2 * self.plain_streak >= every else 0
@@ -197,6 +202,12 @@ class DraftLength:
         """The request drafts from its first cycle on the engine's acceptance: no probe first."""
         if self.first:
             self.first, self.probe = False, 0
+
+    def free_first_probe(self) -> None:
+        """The engine's assistant guesses are not worth a probe: the first probe is drafted by the
+        free drafters alone (prompt lookup), and drafts nothing where they find nothing."""
+        if self.first:
+            self.free_only = True
 
     def probe_every(self, plain: Optional[float], probing: Optional[float]) -> int:
         """Plain cycles between probes, so that probing costs about PROBE_OVERHEAD of the time:
@@ -234,7 +245,7 @@ class DraftLength:
         if asked > 0 and self.adaptive:
             # A probe that kept everything is followed by a longer one; a miss ends probing.
             self.probe = min(4 * g, self.max_g) if probing and kept == g == asked and g < self.max_g else 0
-            self.probe_out = False
+            self.probe_out = self.free_only = False
             if probing and g > 0:  # (a drafter that proposed nothing told nothing)
                 self.backoff = 2 * self.backoff if kept == 0 else 1
 

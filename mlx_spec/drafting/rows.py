@@ -13,7 +13,7 @@ are a stage of the step's launch: the loop queues a step a draft step at a time 
 piece of the next one in between (decoding/batch.py).
 """
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -26,11 +26,13 @@ Stages = List[List[mx.array]]  # [i]: the outputs of draft step i, every row's
 
 
 def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftContext]], gs: List[int],
-               assistant_inputs: Callable[[List[int]], tuple]) -> HostWork:
+               assistant_inputs: Callable[[List[int]], tuple], free_only: Sequence[bool] = ()) -> HostWork:
     """Each row's draft of up to gs[b] guesses (none where g is 0 or there is no drafter), and
     the draft steps' outputs as stages: returns (drafts, stages). `assistant_inputs(rows)`: the
     MTP assistant's inputs for those rows of the batch (their last tokens, hidden states,
-    positions and K/V: `MTPDrafter.draft_batch_steps`)."""
+    positions and K/V: `MTPDrafter.draft_batch_steps`). `free_only[b]`: row b drafts with the
+    members before its assistant alone (prompt lookup, free to draft), none where they find
+    nothing (a probe that asks only whether the text repeats itself: decoding/policy.py)."""
     drafts: List[Optional[Draft]] = [None] * len(gs)
     stages: Stages = []
     together: Dict[int, Tuple[MTPDrafter, List[int]]] = {}  # id(assistant drafter) -> its rows
@@ -46,7 +48,7 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
                 _add_stages(stages, draft.steps)
                 break
         else:
-            if assistant is None:
+            if assistant is None or (b < len(free_only) and free_only[b]):
                 drafts[b] = Draft(mx.zeros((0,), mx.int32), source=host[-1].source if host else "none")
             else:
                 together.setdefault(id(assistant), (assistant, []))[1].append(b)
