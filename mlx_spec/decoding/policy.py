@@ -16,10 +16,13 @@ the time. Near break-even a probe costs next to nothing and comes every few cycl
 guesses are never kept it costs its whole extra time and comes rarely. A request's first cycles
 are a probe too: two guesses, four times as many each time all are kept, until one misses (so a
 run where everything is kept reaches its best length in two cycles, whatever the engine's earlier
-requests kept). In a batch, a step's cost is paid by every row, however many of them probe in
-it: rows' probes that are nearly due go out together with one that is due, and a new row's first
-probe waits for one (and in sharing a step the rows' probe clocks fall into step). Each probe in
-a row that keeps nothing doubles the wait before the next where a probe may keep less than half
+requests kept). Where the engine's own guesses, judged often, are not worth a probe, the first
+probe is prompt lookup's alone: it asks only whether the request's text repeats itself, and costs
+nothing where it does not. In a batch, a step's cost is paid by every row, however many of them
+probe in it: rows' probes that are nearly due go out together with one that is due, and a new
+row's first probe waits for one (but one lookup alone makes: it costs the others nothing where
+it finds nothing), and in sharing a step the rows' probe clocks fall into step. Each probe in a
+row that keeps nothing doubles the wait before the next where a probe may keep less than half
 what it costs (so one miss near break-even is one observation, not a verdict), up to
 MAX_PROBE_INTERVAL plain cycles (a second or two of decoding); a probe that keeps anything
 resets it. The loop chooses a cycle's length while the cycle before it runs, so a probe is
