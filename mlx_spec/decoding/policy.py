@@ -36,10 +36,6 @@ from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS
 MAX_PROBE_INTERVAL = 128  # plain cycles
 FIRST_PROBE = 2  # guesses of a request's first cycle
 PROBE_OVERHEAD = 0.01  # the share of the time probing may cost
-# A request's acceptance is a moving average over about 1 / (1 - DECAY) = 20 cycles: near
-# break-even a shorter one (12 cycles) dropped below it often enough by chance to leave drafting
-# that paid (a = 0.5 on --shape small, docs/benchmarks.md).
-DECAY = 0.95
 PROBE_WEIGHT = 0.3  # at least this weight for a probe's news (rare news about content that may have changed)
 READY, DUE = 1, 2  # a row's probe may go out in a step another row probes in; must go out now
 
@@ -62,7 +58,7 @@ class AcceptanceStats:
 
     PRIOR_WEIGHT = 4
 
-    def __init__(self, max_g: int, decay: float = DECAY):
+    def __init__(self, max_g: int, decay: float = 0.92):
         self.decay = decay
         self.acceptance: List[float] = [0.5] * max_g
         self.judged: List[int] = [0] * max_g
@@ -70,7 +66,7 @@ class AcceptanceStats:
         self.prior_at: List[float] = [0.0] * max_g  # the prior's figure at each position (0: none)
 
     @classmethod
-    def from_prior(cls, prior: "AcceptanceStats", decay: float = DECAY) -> "AcceptanceStats":
+    def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
         stats = cls(len(prior.acceptance), decay)
         for i, n in enumerate(prior.judged):
             if n:
@@ -146,7 +142,7 @@ class DraftLength:
     """A request's draft length: `fixed` guesses every cycle, or adaptive (fixed=None)."""
 
     def __init__(self, fixed: Optional[int] = None, max_g: int = ADAPTIVE_MAX_G, first_probe: int = FIRST_PROBE,
-                 probe_g: int = 1, decay: float = DECAY, prior: Optional[AcceptanceStats] = None):
+                 probe_g: int = 1, decay: float = 0.92, prior: Optional[AcceptanceStats] = None):
         """prior: the engine's acceptance, pooled over its requests (draft_lengths.py): this
         request starts from it, and adds to it what it observes."""
         self.fixed = fixed
