@@ -542,7 +542,8 @@ def test_the_fastest_length_is_the_best_expected_rate():
             alone.observe(g, rng.randint(0, g), rng.uniform(0.001, 0.02))
         limit = rng.randint(0, 8)
         if alone.policy.stats.expected_tokens(limit) <= 1.0:
-            assert alone.fastest(limit) == 0, trial  # no guess expected kept: nothing to weigh (noise aside, a draft never costs less)
+            # No guess expected kept: none, unweighed (only noise makes a draft look cheaper).
+            assert alone.fastest(limit) == 0, trial
             continue
         rates = [alone.policy.stats.expected_tokens(g) / cycle_seconds(alone, g) for g in range(limit + 1)]
         assert alone.fastest(limit) == rates.index(max(rates)), trial

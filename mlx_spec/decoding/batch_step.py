@@ -128,7 +128,8 @@ class StepBuilder:
             return None, 0, []
         gs = self.lengths.choose(asks)
         # A first probe is built from the settled tokens (the row's first cycle ran alone), so
-        # prompt lookup, which reads them, is among its drafters.
+        # prompt lookup, which reads them, is among its drafters. (Handed out again after its
+        # step was dropped unrun, it may be built ahead of them: then it drafts nothing.)
         free_only = [a.policy is not None and a.policy.free_only and g > 0 for a, g in zip(asks, gs)]
         if any(g > 0 and d is None for g, d, a in zip(gs, drafters, asks) if a.policy is not None):
             for ask in asks:  # the step waits for the tokens: what was handed out for it comes back

@@ -31,7 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
 from .lockstep import Lockstep
-from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line
+from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line, probe_terms
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
@@ -145,15 +145,16 @@ class DraftLengths:
 
     def _assistant_not_worth_probing(self, policy: DraftLength, batch: int) -> bool:
         """Whether the engine's guesses, pooled over its requests, have been judged often enough
-        (a moving average's worth) to say that a probe of one guess keeps less than half what it
+        (a moving average's worth) to say that a periodic probe keeps less than half what it
         costs, even with the first guess's acceptance one standard error up: the back-off's
-        test, put to the engine's evidence instead of one request's."""
+        test (`DraftLength.probe_every`), put to the engine's evidence instead of one request's."""
         if self.acceptance.judged[0] < 1 / (1 - PRIOR_DECAY):
             return False
         plain, probing = self._probe_times(policy, batch)
         if not plain or not probing:
             return False
-        return self.acceptance.optimistic_tokens(1) - 1 < (probing / plain - 1) / 2
+        extra, may_keep = probe_terms(self.acceptance, policy.probe_g, plain, probing)
+        return may_keep < extra / 2
 
     def _probe_every(self, policy: DraftLength, batch: int) -> int:
         return policy.probe_every(*self._probe_times(policy, batch))

@@ -29,7 +29,7 @@ resets it. The loop chooses a cycle's length while the cycle before it runs, so 
 handed out once until it settles or is withdrawn (its step was dropped unrun).
 """
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS
 
@@ -122,6 +122,12 @@ class AcceptanceStats:
         return curve(self.rates(limit))
 
 
+def probe_terms(stats: AcceptanceStats, g: int, plain: float, probing: float) -> Tuple[float, float]:
+    """A probe of g guesses in plain cycles: (its extra time over a plain cycle, the tokens its
+    guesses may keep, the first guess one standard error above its estimate)."""
+    return max(probing / plain - 1, 0.0), stats.optimistic_tokens(g) - 1
+
+
 def curve(rates: List[float]) -> List[float]:
     """[E(0), E(1), ...] for acceptances a_1, a_2, ...: E(g) = 1 + a1 + a1 a2 + ..."""
     out, total, run = [1.0], 1.0, 1.0
@@ -181,11 +187,11 @@ class DraftLength:
         `alone`: no other row to share a step with. A first probe is due at once alone (a
         request's content may be far easier to guess than the engine's recent ones: repeated
         text for prompt lookup), and so is one the free drafters alone make, else ready until
-        `every` plain cycles; a periodic one ready
-        from half its interval; the longer probe after one that kept everything due at once."""
+        `every` plain cycles; a periodic one ready from half its interval; the longer probe
+        after one that kept everything due at once."""
         if not self.adaptive or self.probe_out:
             return 0
-        if self.first:  # (one the free drafters alone make costs the batch nothing where they find nothing)
+        if self.first:  # (one the free drafters make alone costs nothing where they find nothing)
             return DUE if alone or self.free_only or self.plain_streak >= every else READY
         if self.probe or self.plain_streak >= every:
             return DUE
@@ -224,10 +230,9 @@ class DraftLength:
         half what it costs (one miss near break-even is one observation, not a verdict)."""
         if not plain or not probing:
             return min(16 * self.backoff, MAX_PROBE_INTERVAL)
-        extra = max(probing / plain - 1, 0.0)  # in plain cycles, as the tokens kept
-        may_keep = self.stats.optimistic_tokens(self.probe_g) - 1
+        extra, may_keep = probe_terms(self.stats, self.probe_g, plain, probing)
         net = max(extra - may_keep, 0.0)
-        backoff = self.backoff if net > extra / 2 else 1
+        backoff = self.backoff if may_keep < extra / 2 else 1
         return int(min(max(net / PROBE_OVERHEAD, 4) * backoff, MAX_PROBE_INTERVAL))
 
     def withdraw(self) -> None:
