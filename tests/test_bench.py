@@ -240,6 +240,12 @@ def test_controlled(tiny_models, tmp_path):
     _, data = run_script("controlled", *tiny_models, "--max-tokens", "12", "--prompt-tokens", "20", "--repeats", "1",
                          "--trials", "3", "--best-of", "2", "--fixed-lengths", "2,6", tmp_path=tmp_path)
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
+    assert data["text_seeds"] == [0, 1, 2]  # each round its own text (controlled_bars.py)
+    # What each adaptive run drafted, one per run (3 rounds of the fastest of 2), 12 tokens each.
+    lengths = data["adaptive_cycles_by_g"]
+    assert set(lengths) == {"copy (free guesses), adaptive", *(f"adaptive, a = {a:g}" for a in (0, 0.3, 0.5, 0.7, 0.9, 1))}
+    assert all(len(runs) == 6 for runs in lengths.values())
+    assert all(sum(n * (int(g) + 1) for g, n in run.items()) >= 12 for run in lengths["adaptive, a = 1"])
     # With every guess right, every cycle but the last emits g + 1 = 7 tokens.
     assert data["sweep"][-1]["tokens_per_cycle"] > 5
     # Every cycle after the first is built ahead, whatever the acceptance; none waits for the host.
@@ -311,10 +317,13 @@ def test_interleaved_rounds_turn_the_order_every_pass_and_keep_each_pass():
     alone = iter([10.0, 12.0, 8.0, 8.0, 30.0, 30.0, 5.0, 7.0])
     configs = {name: config(name) for name in ("a", "b", "c")}
     done = []
-    runs, efficiency, costs = interleaved_rounds(configs, 2, 2, "b", lambda: next(alone), lambda: 3.5, done.append)
+    begun = []
+    runs, efficiency, costs = interleaved_rounds(configs, 2, 2, "b", lambda: next(alone),
+                                                 lambda trial: begun.append((trial, len(order))) or 3.5, done.append)
     assert order == ["a", "b", "c", "c", "b", "a"] * 2
     assert runs == {"a": [[1, 6], [7, 12]], "b": [[2, 5], [8, 11]], "c": [[3, 4], [9, 10]]}
     assert costs == [3.5, 3.5] and done == [0, 1]
+    assert begun == [(0, 0), (1, 6)]  # each round begun before its first run
     # Round 1: alone (10 + 12) / 2 = 11 and (8 + 8) / 2 = 8; the fastest loop ran 5 tok/s.
     assert efficiency[0]["device_ms"] == 8.0 and efficiency[0]["loop_ms"] == pytest.approx(200.0)
     assert efficiency[1]["device_ms"] == 6.0 and efficiency[1]["loop_ms"] == pytest.approx(1000 / 11)

@@ -38,10 +38,13 @@ class Setup:
     g: int
     prefills: Prefills
     greedy: object = SAMPLING["greedy"]
+    # Which positions a controlled drafter finds predictable (its seed): the sweep's text is
+    # seed 0; each round of the bars draws its own (controlled_bars.py).
+    text_seed: int = 0
 
     def controlled(self, a, draft_tokens, inner="mtp"):
         inner = self.engine.mtp_drafter if inner == "mtp" else inner
-        drafter = ControlledDrafter(inner, self.reference, self.engine.target.vocab_size, a)
+        drafter = ControlledDrafter(inner, self.reference, self.engine.target.vocab_size, a, seed=self.text_seed)
         run = run_ours(self.engine, self.prompt, self.greedy, self.args.max_tokens, drafter=drafter,
                        draft_tokens=draft_tokens, prefills=self.prefills)
         assert run["tokens"] == self.off_tokens, "controlled drafting changed the output"

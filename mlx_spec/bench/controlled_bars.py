@@ -7,6 +7,14 @@ takes its fastest run (see `fastest_of`).
 At every acceptance of the sweep the default (the adaptive length) is set against the best of
 MTP off and every fixed g: the draft length the cost model chooses must be as good as the best
 one could have fixed knowing the acceptance.
+
+Each round draws its own text: which positions are predictable at acceptance a (the controlled
+drafter's seed is the round's number), the same for every configuration of the round. With one
+text for every round, the rounds would repeat one draw of it, and the adaptive length's figure
+would be its luck on that draw (where its runs of kept guesses fall decides when it drafts; a
+fixed g only counts them), not what it does on text of that acceptance. The policy's own
+simulation put the spread between draws of 200 tokens at a = 0.5 at several percent
+(docs/benchmarks.md).
 """
 
 import statistics
@@ -29,19 +37,21 @@ def bars(setup, sweep_entries: list, progress) -> dict:
         configs[f"adaptive, a = {a:g}"] = lambda a=a: setup.controlled(a, None)
         for n in fixed_lengths(setup):
             configs[f"g = {n}, a = {a:g}"] = lambda a=a, n=n: setup.controlled(a, n)
+    lengths = record_lengths(configs, [name for name in configs if "adaptive" in name])
 
     def alone_ms():
         drafter = ControlledDrafter(engine.mtp_drafter, setup.reference, engine.target.vocab_size, 1.0)
         with prompt_sequence(engine, engine.decoder(mtp=False), setup.prompt, prefills=setup.prefills) as state:
             return device_ms(engine, state, drafter, g)
 
-    def round_cost():
+    def begin_round(trial):
+        setup.text_seed = trial  # the round's text (the module's docstring)
         _, ratios = cost_ratios(engine, setup.prompt, [g], repeats=5, prefills=setup.prefills)
         return ratios[g]["R"] + ratios[g]["C"]
 
     timed_alone = f"g = {g}, a = 1" if 1.0 in args.acceptance else None
     runs, efficiency, costs = interleaved_rounds(configs, args.trials, args.best_of, timed_alone, alone_ms,
-                                                 round_cost, lambda trial: progress.step(f"bars, round {trial + 1}"))
+                                                 begin_round, lambda trial: progress.step(f"bars, round {trial + 1}"))
     trials = {name: [fastest_of(passes) for passes in rounds] for name, rounds in runs.items()}
     tps = {name: statistics.median(values) for name, values in trials.items()}
     loop = sorted(efficiency, key=lambda e: e["efficiency"])[len(efficiency) // 2] if efficiency else None
@@ -58,7 +68,25 @@ def bars(setup, sweep_entries: list, progress) -> dict:
     print("\n" + markdown(["bar", "figure", f"middle half of the {args.trials} rounds", "met"], rows))
     return {"loop_efficiency": {"median": loop, "rounds": efficiency}, "trials": trials, "runs": runs,
             "best_of": args.best_of, "median_tps": tps, "best": {f"{a:g}": name for a, name in best.items()},
-            "costs": costs, "bars": measured}
+            "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured}
+
+
+def record_lengths(configs: dict, names: list) -> dict:
+    """Wrap the named configurations so that each run's cycles per number of guesses is kept
+    (name -> one per run, in the order run): what an adaptive run drafted, for reading its
+    figure (a slow round, or a round whose text led it to draft where drafting did not pay)."""
+    lengths = {name: [] for name in names}
+
+    def recorded(name, run):
+        def go():
+            result = run()
+            lengths[name].append(result["cycles_by_g"])
+            return result
+        return go
+
+    for name in names:
+        configs[name] = recorded(name, configs[name])
+    return lengths
 
 
 def fixed_lengths(setup) -> list:
@@ -106,17 +134,17 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
             + [{"bar": b, "value": v[0], "at_most": most, "met": v[0] <= most} for b, v, most in ceilings])
 
 
-def interleaved_rounds(configs: dict, trials: int, best_of: int, timed_alone: str, alone_ms, round_cost, done):
+def interleaved_rounds(configs: dict, trials: int, best_of: int, timed_alone: str, alone_ms, begin_round, done):
     """Run every configuration `best_of` times in each of `trials` rounds, the order turning
     round every pass: a machine whose speed drifts within a round, or a run that is faster for
     coming first, then favours neither side of a pair. Returns (runs: name -> [round][pass]
-    result's tok/s, the loop efficiency of `timed_alone` in each round, the R + C timed at the
-    start of each round by `round_cost`)."""
+    result's tok/s, the loop efficiency of `timed_alone` in each round, the R + C that
+    `begin_round(trial)` times as it starts each round)."""
     runs = {name: [] for name in configs}
     efficiency = []  # device time of a cycle alone / wall time per cycle in the loop
     costs = []  # for the prediction bars: timed beside the runs they predict
     for trial in range(trials):
-        costs.append(round_cost())
+        costs.append(begin_round(trial))
         for name in configs:
             runs[name].append([])
         timed = []  # (a cycle alone, the loop's run) for each pass of the round
