@@ -26,7 +26,7 @@ Stages = List[List[mx.array]]  # [i]: the outputs of draft step i, every row's
 
 
 def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftContext]], gs: List[int],
-               assistant_inputs: Callable[[List[int]], tuple], free_only: Sequence[bool] = ()) -> HostWork:
+               assistant_inputs: Callable[[List[int]], tuple], free_only: Sequence[bool]) -> HostWork:
     """Each row's draft of up to gs[b] guesses (none where g is 0 or there is no drafter), and
     the draft steps' outputs as stages: returns (drafts, stages). `assistant_inputs(rows)`: the
     MTP assistant's inputs for those rows of the batch (their last tokens, hidden states,
@@ -48,7 +48,7 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
                 _add_stages(stages, draft.steps)
                 break
         else:
-            if assistant is None or (b < len(free_only) and free_only[b]):
+            if assistant is None or free_only[b]:
                 drafts[b] = Draft(mx.zeros((0,), mx.int32), source=host[-1].source if host else "none")
             else:
                 together.setdefault(id(assistant), (assistant, []))[1].append(b)
