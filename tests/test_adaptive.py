@@ -371,6 +371,25 @@ def test_an_engine_that_kept_everything_does_not_make_a_request_that_keeps_nothi
     assert sum(g >= 2 for g in chosen) <= 3 and sum(chosen) <= 16, chosen
 
 
+def test_deep_figures_the_engine_has_not_judged_for_long_are_not_handed_over():
+    """An engine whose requests once kept every guess, then drafted one guess at a time for a
+    while (the deep positions never judged since): a new request that keeps half its first
+    guesses must not draft long on the old deep figures, another content's (it drafted 8
+    guesses from its first cycle on them: a guess costs 0.36 of a pass there, and the old
+    figures said every guess after a kept first one is kept). Figures judged lately are handed
+    over. (It still probes: two guesses first, then one now and then, and four after one that
+    kept its guess.)"""
+    lengths = engine_after(1.0, cpu_cost)
+    assert DraftLength(prior=lengths.acceptance).stats.rates(8)[7] > 0.9  # fresh: handed over
+    one_guess = DraftLength(fixed=1, prior=lengths.acceptance)
+    for cycle in range(100):
+        one_guess.observe(1, cycle % 2)
+    rates = DraftLength(prior=lengths.acceptance).stats.rates(8)
+    assert rates[1:] == [rates[0]] * 7 and rates[0] < 0.7, rates
+    chosen = run_request(lengths, lambda cycle, g: min(g, 1) if cycle % 2 else 0, cycles=20)
+    assert chosen[0] <= 2 and max(chosen) <= 4, chosen  # its first probe, and periodic ones climbing once
+
+
 def test_where_the_engine_s_guesses_are_never_kept_a_first_probe_asks_only_the_free_drafters():
     """A request's first probe asks whether its own content is easier to guess than the engine's
     recent ones. Where the engine's requests judged the first guess a moving average's worth of

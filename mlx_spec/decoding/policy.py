@@ -54,7 +54,10 @@ class AcceptanceStats:
     long from its first cycle. A position only the prior has judged counts as no worse than the
     deepest one this request has judged itself: the engine's figure for it may be stale (its
     requests drafted short) or another content's, and a request that keeps every short draft
-    must still try a longer one to find out."""
+    must still try a longer one to find out. A position the prior has not judged for longer than
+    its first guess's moving average remembers (its requests drafted shorter since, or kept no
+    first guesses) is not handed over at all: it is another content's figure (a run that kept
+    everything, long ago), and counts as unjudged, as good as the deepest position judged."""
 
     PRIOR_WEIGHT = 4
 
@@ -64,12 +67,14 @@ class AcceptanceStats:
         self.judged: List[int] = [0] * max_g
         self.own: List[int] = [0] * max_g  # judged by this request itself (not the prior)
         self.prior_at: List[float] = [0.0] * max_g  # the prior's figure at each position (0: none)
+        # First guesses judged since each position was last judged: how stale its figure is.
+        self.age: List[int] = [0] * max_g
 
     @classmethod
     def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
         stats = cls(len(prior.acceptance), decay)
         for i, n in enumerate(prior.judged):
-            if n:
+            if n and prior.age[i] <= 1 / (1 - prior.decay):
                 stats.acceptance[i], stats.judged[i] = prior.acceptance[i], min(n, cls.PRIOR_WEIGHT)
                 stats.prior_at[i] = prior.acceptance[i]
         return stats
@@ -81,7 +86,11 @@ class AcceptanceStats:
     def observe(self, g: int, kept: int, weight: Optional[float] = None) -> None:
         """A cycle with g guesses kept its first `kept`. `weight`: at least this much weight for
         the news."""
-        for i in range(min(g, kept + 1, len(self.acceptance))):  # guess i was judged: all before it were kept
+        judged = min(g, kept + 1, len(self.acceptance))
+        for i in range(judged, len(self.acceptance) if judged else 0):
+            self.age[i] += 1
+        for i in range(judged):  # guess i was judged: all before it were kept
+            self.age[i] = 0
             self.judged[i] += 1
             self.own[i] += 1
             self.acceptance[i] = average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], self.decay, weight)
