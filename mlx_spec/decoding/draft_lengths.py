@@ -148,7 +148,7 @@ class DraftLengths:
         (a moving average's worth) to say that a periodic probe keeps less than half what it
         costs, even with the first guess's acceptance one standard error up: the back-off's
         test (`DraftLength.probe_every`), put to the engine's evidence instead of one request's."""
-        if self.acceptance.judged[0] < 1 / (1 - PRIOR_DECAY):
+        if self.acceptance.judged[0] < self.acceptance.remembered:
             return False
         plain, probing = self._probe_times(policy, batch)
         if not plain or not probing:

@@ -70,11 +70,16 @@ class AcceptanceStats:
         # First guesses judged since each position was last judged: how stale its figure is.
         self.age: List[int] = [0] * max_g
 
+    @property
+    def remembered(self) -> float:
+        """Observations a moving average's worth: how many its figure mostly rests on."""
+        return 1 / (1 - self.decay)
+
     @classmethod
     def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
         stats = cls(len(prior.acceptance), decay)
         for i, n in enumerate(prior.judged):
-            if n and prior.age[i] <= 1 / (1 - prior.decay):
+            if n and prior.age[i] <= prior.remembered:
                 stats.acceptance[i], stats.judged[i] = prior.acceptance[i], min(n, cls.PRIOR_WEIGHT)
                 stats.prior_at[i] = prior.acceptance[i]
         return stats
@@ -87,8 +92,9 @@ class AcceptanceStats:
         """A cycle with g guesses kept its first `kept`. `weight`: at least this much weight for
         the news."""
         judged = min(g, kept + 1, len(self.acceptance))
-        for i in range(judged, len(self.acceptance) if judged else 0):
-            self.age[i] += 1
+        if judged:  # (a cycle without guesses judges nothing, and ages nothing)
+            for i in range(judged, len(self.acceptance)):
+                self.age[i] += 1
         for i in range(judged):  # guess i was judged: all before it were kept
             self.age[i] = 0
             self.judged[i] += 1
@@ -121,7 +127,7 @@ class AcceptanceStats:
         """E(g) with a_1 one standard error above its estimate (from the observations it rests on,
         at most a moving average's worth): what a probe may find, while few observations say."""
         rates = self.rates(g)
-        count = min(self.judged[0], 1 / (1 - self.decay))
+        count = min(self.judged[0], self.remembered)
         if rates and count:
             rates[0] = min(1.0, rates[0] + (rates[0] * (1 - rates[0]) / count) ** 0.5)
         return curve(rates)[-1]
