@@ -202,7 +202,7 @@ def test_a_position_only_the_prior_judged_is_no_worse_than_the_request_s_own():
     from mlx_spec.decoding.policy import AcceptanceStats
 
     pooled = AcceptanceStats(8)
-    for _ in range(20):
+    for _ in range(40):
         pooled.observe(3, 1)  # the engine's requests: the first guess kept, the second not
     request = DraftLength(prior=pooled)
     assert request.stats.rates(3)[1] < 0.1  # before it judges anything: the engine's figures
@@ -390,6 +390,43 @@ def test_deep_figures_the_engine_has_not_judged_for_long_are_not_handed_over():
     assert chosen[0] <= 2 and max(chosen) <= 4, chosen  # its first probe, and periodic ones climbing once
 
 
+def request_whose_second_guess_misses_early(misses):
+    """The g of each of 60 cycles of a request that keeps every guess, except that its second
+    guess misses the first `misses` times it is judged; on an engine whose requests kept 9 in 10
+    guesses and then drafted one a cycle for a while (the deep figures are not handed over)."""
+    lengths = engine_after(0.9, cpu_cost)
+    one_guess = DraftLength(fixed=1, prior=lengths.acceptance)
+    for _ in range(100):
+        one_guess.observe(1, 1)
+    judged = []
+
+    def kept_of(cycle, g):
+        if g >= 2 and len(judged) < misses:
+            judged.append(cycle)
+            return 1
+        return g
+
+    return run_request(lengths, kept_of, cycles=60)
+
+
+def test_one_miss_at_a_deeper_guess_s_first_judgement_does_not_set_it_to_nothing():
+    """Its first news is weighed against the figure assumed for it (as good as the first guess),
+    worth a prior's observations: the request climbs back to long drafts within ten cycles (it
+    used to set that guess's figure to 0 and then 0.5 after one keep, and draft one guess a
+    cycle for the rest of its answer)."""
+    chosen = request_whose_second_guess_misses_early(misses=1)
+    assert min(chosen[1:]) >= 2 and chosen[10:] == [8] * 50, chosen
+
+
+def test_a_deeper_guess_not_judged_lately_is_tried_again():
+    """Five misses at the second guess make one guess a cycle the best choice for a while; once
+    the request has drafted one guess for a moving average's worth of cycles, all of them kept,
+    the second guess's old figure no longer holds it back: it drafts long again (it drafted one
+    guess for the rest of its answer)."""
+    chosen = request_whose_second_guess_misses_early(misses=5)
+    assert 1 in chosen[:20] and chosen[-30:] == [8] * 30, chosen
+
+
 def test_where_the_engine_s_guesses_are_never_kept_a_first_probe_asks_only_the_free_drafters():
     """A request's first probe asks whether its own content is easier to guess than the engine's
     recent ones. Where the engine's requests judged the first guess a moving average's worth of
@@ -573,7 +610,7 @@ def test_a_cycle_whose_time_is_unknown_still_counts_its_guesses():
     alone = Alone()
     alone.observe(3, 3, None)
     assert alone.measured(3) is None and (1, 4) not in alone.lengths.timed
-    assert alone.policy.stats.judged[:3] == [1, 1, 1] and alone.policy.stats.acceptance[0] == 1.0
+    assert alone.policy.stats.own[:3] == [1, 1, 1] and alone.policy.stats.acceptance[:3] == [1.0] * 3
     alone.observe(3, 1, 0.02)
     assert alone.measured(3) == 0.02 and alone.lengths.timed[(1, 4)] == 1
 

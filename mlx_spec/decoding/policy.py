@@ -57,7 +57,10 @@ class AcceptanceStats:
     must still try a longer one to find out. A position the prior has not judged for longer than
     its first guess's moving average remembers (its requests drafted shorter since, or kept no
     first guesses) is not handed over at all: it is another content's figure (a run that kept
-    everything, long ago), and counts as unjudged, as good as the deepest position judged."""
+    everything, long ago), and counts as unjudged, as good as the deepest position judged. The
+    request's own figures are held alike: a deeper position's first news is weighed against what
+    was assumed for it, and one it has not judged lately is no worse than its deepest judged
+    lately, so that no early miss keeps it drafting short where its guesses are kept."""
 
     PRIOR_WEIGHT = 4
 
@@ -90,16 +93,29 @@ class AcceptanceStats:
 
     def observe(self, g: int, kept: int, weight: Optional[float] = None) -> None:
         """A cycle with g guesses kept its first `kept`. `weight`: at least this much weight for
-        the news."""
+        the news. A deeper position judged for the first time, or for the first time in a while
+        (`_stale`), starts from the figure `rates` assumed for it, worth PRIOR_WEIGHT
+        observations, as a prior's figure is: one miss at its first judgement does not set it to
+        nothing (a request that keeps its first guesses 9 in 10 times drafted one guess a cycle
+        for the rest of its answer after one), and early misses do not hold it back once the
+        guesses before it are kept again."""
         judged = min(g, kept + 1, len(self.acceptance))
         if judged:  # (a cycle without guesses judges nothing, and ages nothing)
             for i in range(judged, len(self.acceptance)):
                 self.age[i] += 1
         for i in range(judged):  # guess i was judged: all before it were kept
+            if i and (not self.judged[i] or self._stale(i)):  # its first news in a while: weighed
+                # against the figure assumed for it (its old one is another content's)
+                self.acceptance[i], self.judged[i] = self.rates(i + 1)[i], self.PRIOR_WEIGHT
             self.age[i] = 0
             self.judged[i] += 1
             self.own[i] += 1
             self.acceptance[i] = average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], self.decay, weight)
+
+    def _stale(self, i: int) -> bool:
+        """Whether this request judged position i itself, but not for a moving average's worth of
+        first guesses (it drafted shorter since)."""
+        return self.own[i] > 0 and self.age[i] > self.remembered
 
     def rates(self, g: int) -> List[float]:
         """a_1 .. a_g as the predictions use them. Unjudged positions: as the deepest judged. A
@@ -107,15 +123,23 @@ class AcceptanceStats:
         its own deepest position, no worse than that (the prior's deeper figures may be stale or
         another content's: the request tries a longer draft and finds out); where it does worse,
         the prior's figure scaled down alike (an engine whose requests kept everything must not
-        make a request that keeps nothing draft long until it has judged every depth itself)."""
+        make a request that keeps nothing draft long until it has judged every depth itself). A
+        position this request has not judged for a moving average's worth of first guesses (it
+        drafted shorter since): no worse than the deepest one it judged lately (an early run of
+        misses there must not keep it from drafting that deep again where its shorter guesses
+        are kept)."""
         out, last, own_last, scale = [], 0.5, None, 1.0
         for i in range(g):
-            if self.own[i]:
+            if self.own[i] and not self._stale(i):
                 last = own_last = self.acceptance[i]
                 scale = own_last / self.prior_at[i] if self.prior_at[i] > own_last else 1.0
             elif self.judged[i]:
-                last = self.acceptance[i] if own_last is None else (
-                    max(self.acceptance[i], own_last) if scale >= 1 else self.acceptance[i] * scale)
+                if own_last is None:
+                    last = self.acceptance[i]
+                elif self.own[i] or scale >= 1:
+                    last = max(self.acceptance[i], own_last)
+                else:
+                    last = self.acceptance[i] * scale
             out.append(last)
         return out
 
