@@ -31,7 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
 from .lockstep import Lockstep
-from .policy import DUE, AcceptanceStats, DraftLength, average, fit_line, probe_terms
+from .policy import DUE, AcceptanceStats, DraftLength, average, probe_terms
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
@@ -230,3 +230,14 @@ def _fit(known):
     the prior's slope from it."""
     shortest, its_time = known[0]
     return fit_line(known, lambda p: its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))
+
+
+def fit_line(known, prior):
+    """A least-squares line through (length, seconds) points (two or more), never below zero,
+    and below the shortest length never below `prior`."""
+    shortest, n = known[0][0], len(known)
+    mean_x = sum(k for k, _ in known) / n
+    mean_t = sum(t for _, t in known) / n
+    spread = sum((k - mean_x) ** 2 for k, _ in known)
+    slope = sum((k - mean_x) * (t - mean_t) for k, t in known) / spread
+    return lambda x: max(mean_t + slope * (x - mean_x), prior(x) if x < shortest else 1e-6)

@@ -296,13 +296,3 @@ class DraftLength:
             if probing and g > 0:  # (a drafter that proposed nothing told nothing)
                 self.backoff = 2 * self.backoff if kept == 0 else 1
 
-
-def fit_line(known, prior):
-    """A least-squares line through (length, seconds) points (two or more), never below zero,
-    and below the shortest length never below `prior`."""
-    shortest, n = known[0][0], len(known)
-    mean_x = sum(k for k, _ in known) / n
-    mean_t = sum(t for _, t in known) / n
-    spread = sum((k - mean_x) ** 2 for k, _ in known)
-    slope = sum((k - mean_x) * (t - mean_t) for k, t in known) / spread
-    return lambda x: max(mean_t + slope * (x - mean_x), prior(x) if x < shortest else 1e-6)
