@@ -11,16 +11,15 @@ import json
 import os
 import sys
 
-import mlx.core as mx
-
 import mlx_spec
 from mlx_spec.cli.group import group_faults
+from mlx_spec.decoding.lockstep import launched_group
 from mlx_spec.errors import GroupError
 from mlx_spec.options import Options
 
 
 def main(target: str, drafter: str, settings: dict) -> None:
-    group = mx.distributed.init()
+    group = launched_group()  # as the commands join it
     engine = mlx_spec.load(target, drafter, group=group, experts=settings.get("experts", "whole")).with_stop_tokens([])
     prompt, runs = settings["prompt"], settings["runs"]
     out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),

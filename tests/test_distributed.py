@@ -32,6 +32,10 @@ RUNS = {  # past the tiny window (12) in every run
     "seeded": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, draft_tokens=3),
     "seeded_off": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, mtp=False),
 }
+# The split sizes beside E2B's: what their split changes (K/V heads, experts) meets every kind of
+# target pass in these (1 position, 5, the adaptive length's mix, sampling); the draft lengths
+# and prompt lookup, which the split does not touch, are E2B's to cover (a launch costs minutes here).
+SPLIT_RUNS = {name: RUNS[name] for name in ("g4", "adaptive", "off", "seeded")}
 # One thread of math per rank: two ranks share this machine's cores.
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -113,7 +117,8 @@ def prompt():
 @pytest.mark.parametrize("variant, experts", [("e2b", "whole"), ("e4b", "whole"), ("26b-a4b", "split")])
 def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, family, prompt):
     """Greedy with several draft lengths, prompt lookup on and off, the adaptive length, MTP
-    off and seeded sampling: each rank's answer is the one process's, token for token, and the
+    off and seeded sampling (the split sizes: SPLIT_RUNS): each rank's answer is the one
+    process's, token for token, and the
     query heads are split (each rank holds half of q_proj's rows). E2B's one K/V head is kept by
     both ranks, E4B's two split (and the drafter's attention with them); the 26B-A4B's keys equal
     their values on full layers, and its experts are divided between the ranks."""
@@ -121,7 +126,8 @@ def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, fami
         target, drafter = checkpoints["text"], checkpoints["assistant"]
     else:
         target, drafter = family(variant)["target"], family(variant)["assistant"]
-    settings = {"prompt": prompt, "runs": RUNS, "experts": experts}
+    runs = RUNS if variant == "e2b" else SPLIT_RUNS
+    settings = {"prompt": prompt, "runs": runs, "experts": experts}
     done = launch([sys.executable, str(HERE / "group_run.py"), str(target), str(drafter), json.dumps(settings)])
     assert done.returncode == 0, done.stderr[-2000:]
     ranks = ranks_lines(done.stdout)
@@ -130,12 +136,14 @@ def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, fami
     assert all(2 * r["q_rows"] == whole for r in ranks)
     if experts == "split":
         assert all(2 * r["experts_held"] == tiny.VARIANTS[variant]["num_experts"] for r in ranks)
-    expected = alone(target, drafter, prompt, RUNS)
-    for name in RUNS:
+    expected = alone(target, drafter, prompt, runs)
+    for name in runs:
         for r in ranks:
             assert r[name] == expected[name], (variant, name, r["rank"])
     # MTP on gives MTP off's tokens, greedy and seeded (one uniform per output index)
-    assert expected["g4"] == expected["off"] == expected["adaptive"] and expected["seeded"] == expected["seeded_off"]
+    assert expected["g4"] == expected["off"] == expected["adaptive"]
+    if "seeded_off" in runs:
+        assert expected["seeded"] == expected["seeded_off"]
 
 
 def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints):
@@ -199,6 +207,26 @@ def test_a_rank_that_cannot_reach_the_others_gives_up_in_bounded_time(checkpoint
     assert results[0].returncode != 0
     assert "rank 0 could not reach the other ranks of its group within 3 s" in results[0].stderr
     assert time.monotonic() - began < 30
+
+
+LATE = """import os, sys, time
+import mlx.core as mx
+from mlx_spec.decoding.lockstep import launched_group
+if os.environ["MLX_RANK"] == "0":
+    time.sleep(float(sys.argv[1]))
+group = launched_group()
+print(mx.distributed.all_sum(mx.array([group.rank() + 1.0]), group=group).item(), flush=True)
+"""
+
+
+def test_a_rank_started_after_mlx_s_own_connect_budget_still_joins():
+    """Rank 0 starts 35 s after rank 1 (a loaded machine): MLX's ring gives up connecting after
+    about 31 s ("Couldn't connect (error: 111)", as a CI run once saw); the rank tries again
+    and the group forms, within MLX_SPEC_GROUP_TIMEOUT."""
+    results = by_hand([sys.executable, "-c", LATE, "35"], env={"MLX_SPEC_GROUP_TIMEOUT": "90"}, timeout=120)
+    for rank in (0, 1):
+        assert results[rank].returncode == 0, results[rank].stderr[-2000:]
+        assert results[rank].stdout.strip() == "3.0"
 
 
 def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):

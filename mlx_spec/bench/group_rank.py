@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 
+from ..decoding.lockstep import launched_group
 from ..options import Options
 from .models import build_engine
 
@@ -74,17 +75,17 @@ def first_logits(engine, prompt) -> list:
 
 
 def main(settings: dict) -> None:
-    group = mx.distributed.init()
+    group = launched_group()  # mlx.launch's group (joined as the commands join it)
     args = SimpleNamespace(random_weights=settings["random_weights"], shape=settings["shape"],
                            model=settings["model"], drafter=settings["drafter"])
-    engine = build_engine(args, group=group if group.size() > 1 else None).with_stop_tokens([])
+    engine = build_engine(args, group=group).with_stop_tokens([])
     prompt = np.random.default_rng(0).integers(5, engine.target.vocab_size, settings["prompt_tokens"]).tolist()
-    out = {"size": group.size(), "runs": {}, "first_logits": first_logits(engine, prompt)}
+    out = {"size": group.size() if group else 1, "runs": {}, "first_logits": first_logits(engine, prompt)}
     for name, options in settings["runs"].items():
         options = Options(max_tokens=settings["max_tokens"], **options)
         out["runs"][name] = {**timed(engine, prompt, options),
                              **collectives(engine, prompt, replace(options, max_tokens=24))}
-    if group.rank() == 0:
+    if group is None or group.rank() == 0:
         print(json.dumps(out), flush=True)
 
 

@@ -8,10 +8,11 @@ from typing import List, Optional
 
 import click
 
+from ..decoding.lockstep import launched_group
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
-from .group import follow_quietly, group_faults, launched_group, shared_file
+from .group import follow_quietly, group_faults, shared_file
 from .terminal import TokenPrinter, stats_line
 
 
@@ -168,7 +169,8 @@ def end_process() -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(table, args):
     """Measure the seed's tables on this machine: TABLE is positions, acceptance, draft-length,
-    controlled, overhead, media, batch, group, or all. `mlx-spec bench TABLE --help` lists its options."""
+    controlled, overhead, media, batch, group, or all (`--skip A,B` leaves tables out). `mlx-spec bench TABLE
+    --help` lists its options."""
     from .. import bench as tables
 
     if table in (None, "-h", "--help"):

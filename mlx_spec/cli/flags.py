@@ -67,7 +67,7 @@ def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_
 def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None, group=None):
     """The engine, with --context and --force as the command line gave them (`load_settings`,
     read from the click context unless given: `serve` loads on another thread), split over
-    `group` (group.py: `launched_group`) if one is given."""
+    `group` (decoding/lockstep.py: `launched_group`) if one is given."""
     from ..loading import load
 
     bits = int(drafter_bits) if drafter_bits else None

@@ -14,8 +14,11 @@ Everything else the loop decides (acceptance, what a cycle keeps, which rows ste
 from the tokens and the logits, which the all-reduces make the same on every rank.
 """
 
+import errno
 import json
 import os
+import subprocess
+import sys
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -110,3 +113,49 @@ def lost_peer(error: BaseException) -> bool:
     """Whether a collective failed because a rank of the group died or its link broke: the run
     cannot go on (no later collective can complete), as opposed to an error of one request."""
     return isinstance(error, RuntimeError) and str(error).startswith(BACKENDS)
+
+
+def launched_group(timeout: Optional[float] = None):
+    """The group of processes `mlx.launch` started this one in, with any backend it offers
+    (ring, jaccl, mpi); None where this process runs alone. A rank that cannot reach the others
+    within `timeout` seconds (MLX_SPEC_GROUP_TIMEOUT, 60 by default) ends with a message that
+    says so: MLX's own wait has no end (and holds the interpreter, so the watch is a process).
+    A rank whose neighbour is not listening yet tries again: the ring backend gives up connecting
+    after about 31 s of its own, and a rank started that much later (a loaded machine, a slow
+    disk) is no fault of the group's."""
+    if not any(name in os.environ for name in LAUNCHED):
+        return None
+    if timeout is None:
+        timeout = float(os.environ.get("MLX_SPEC_GROUP_TIMEOUT", 60))
+    message = (f"mlx-spec: rank {os.environ.get('MLX_RANK', '?')} could not reach the other ranks of its group "
+               f"within {timeout:g} s (are they all started, and is each host reachable?)")
+    watch = subprocess.Popen([sys.executable, "-c", WATCH, str(os.getpid()), str(timeout), message])
+    try:
+        group = join(mx)
+    finally:
+        watch.kill()
+        watch.wait()
+    return group if group.size() > 1 else None
+
+
+def join(mx):
+    """mx.distributed.init(), again for as long as the neighbour refuses the connection or does
+    not answer it (the watch of `launched_group` bounds the time); any other failure is raised
+    as it is."""
+    while True:
+        try:
+            return mx.distributed.init()
+        except RuntimeError as e:
+            if not any(f"(error: {code})" in str(e) for code in (errno.ECONNREFUSED, errno.ETIMEDOUT)):
+                raise
+
+
+# Set by mlx.launch in every process it starts (ring and jaccl; MPI's own for mpi).
+LAUNCHED = ("MLX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# The watch: the rank's process is ended, with the message, if it is still there after the time.
+WATCH = """import os, sys, time
+pid, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+time.sleep(timeout)
+print(message, file=sys.stderr, flush=True)
+os.kill(pid, 9)
+"""
