@@ -6,8 +6,8 @@ model's prediction), `controlled` (the loop's own cost at set acceptances), `ove
 host's cost of building a cycle), `media` (an image in the prompt: first token, encoder, MTP) and
 `batch` (several requests at once, mlx-lm's BatchGenerator beside) and `group` (the target split
 over processes with mlx.launch, and a cost model for Macs over Thunderbolt). `run` writes a table's JSON and markdown into the results
-folder and (re)draws the report there; `run_all` runs every table into one folder and ends with
-a block to paste into an issue.
+folder and (re)draws the report there; `run_all` runs every table (`--skip A,B` leaves some
+out) into one folder and ends with a block to paste into an issue.
 """
 
 import contextlib
@@ -82,20 +82,40 @@ def _draw(folder: Path) -> None:
 
 
 def run_all(argv: Sequence[str]) -> Path:
-    """Every table, one after the other, into one folder; then the block to paste."""
-    argv = with_folder(argv)
+    """Every table (but those `--skip TABLE,...` names), one after the other, into one folder;
+    then the block to paste."""
+    argv, skipped = without_skip(with_folder(argv))
     unknown = [a for a in argv if a.startswith("--") and a.split("=")[0] not in {**SHARED, **ROUTED}]
     if unknown:
-        raise SystemExit(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})}; "
+        raise SystemExit(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})} and --skip; "
                          f"give {unknown[0]} to one table instead")
+    tables = [table for table in TABLES if table not in skipped]
     start = time.perf_counter()
-    for i, table in enumerate(TABLES, 1):
-        print(f"\n# [{i}/{len(TABLES)}] {table} ({time.perf_counter() - start:.0f} s so far)\n", file=sys.stderr)
+    for i, table in enumerate(tables, 1):
+        print(f"\n# [{i}/{len(tables)}] {table} ({time.perf_counter() - start:.0f} s so far)\n", file=sys.stderr)
         run(table, _for_table(table, argv), draw=False)  # the report is drawn once, at the end
     folder = folder_of(argv)
     _draw(folder)
     print("\n" + summary(folder))
     return folder
+
+
+def without_skip(argv: List[str]):
+    """argv without `--skip A,B` (or `--skip=A,B`), and the tables it names (each checked)."""
+    rest, skipped, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--skip" or arg.startswith("--skip="):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 1 if "=" in arg else 2
+            skipped += [name.strip() for name in value.split(",") if name.strip()]
+            continue
+        rest.append(arg)
+        i += 1
+    for name in skipped:
+        if name not in TABLES:
+            raise SystemExit(f"--skip: unknown table {name!r}; the tables are {', '.join(TABLES)}")
+    return rest, set(skipped)
 
 
 def _for_table(table: str, argv: Sequence[str]) -> List[str]:

@@ -57,7 +57,7 @@ def bars(setup, sweep_entries: list, progress) -> dict:
     loop = sorted(efficiency, key=lambda e: e["efficiency"])[len(efficiency) // 2] if efficiency else None
     if loop is not None:
         print_loop_efficiency(loop, g)
-    best = {a: max(["MTP off", *(f"g = {n}, a = {a:g}" for n in fixed_lengths(setup))], key=tps.get) for a in args.acceptance}
+    best = {a: max(candidates(setup, a), key=tps.get) for a in args.acceptance}
     print(f"\nMedian of {args.trials} interleaved rounds, each the fastest of {args.best_of} run(s) (tok/s; the bars below "
           "take the median of each round's ratio):\n")
     print(markdown(["run", "tok/s", "rounds"], [[n, f"{t:.1f}", ", ".join(f"{v:.1f}" for v in trials[n])] for n, t in tps.items()]))
@@ -66,6 +66,9 @@ def bars(setup, sweep_entries: list, progress) -> dict:
              "{:.2f}-{:.2f}".format(*bar["middle_half"]) if "middle_half" in bar else "",
              "yes" if bar["met"] else "NO"] for bar in measured]
     print("\n" + markdown(["bar", "figure", f"middle half of the {args.trials} rounds", "met"], rows))
+    print("\nThe adaptive length against the best over all the rounds (the reference those rounds chose, biased "
+          "upward), by acceptance: " + ", ".join(f"a = {a:g} {bar['in_sample_ratio']:.2f}" for a, bar in
+                                                  zip(args.acceptance, [b for b in measured if "in_sample_ratio" in b])))
     return {"loop_efficiency": {"median": loop, "rounds": efficiency}, "trials": trials, "runs": runs,
             "best_of": args.best_of, "median_tps": tps, "best": {f"{a:g}": name for a, name in best.items()},
             "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured}
@@ -120,8 +123,9 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
     if 0.0 in acceptances:
         floors += [(f"a = 0, g = {g}: measured >= 0.9 x 1/(R+C)", paired(f"g = {g}, a = 0", "MTP off", [1 / cost for cost in costs]), 0.9),
                    ("a = 0: adaptive >= 0.97 x MTP off", paired("adaptive, a = 0", "MTP off"), 0.97)]
-    floors += [(f"a = {a:g}: adaptive >= 0.95 x the best of MTP off and every fixed g ({best[a]})",
-                paired(f"adaptive, a = {a:g}", best[a]), 0.95) for a in acceptances]
+    floors += [(f"a = {a:g}: adaptive >= 0.95 x the best of MTP off and every fixed g (chosen from the other rounds; "
+                f"over all of them, {best[a]})",
+                against_held_out_best(trials, f"adaptive, a = {a:g}", candidates(setup, a)), 0.95) for a in acceptances]
     floors += [("pre-built share >= 0.95 at every acceptance, g = 6 and adaptive",
                 [min(min(x["prebuilt_share"], x["adaptive_prebuilt_share"]) for x in sweep_entries)], 0.95)]
     # A bar on a figure that must stay low: met when the worst case is at most the bound.
@@ -129,9 +133,37 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
                  [max(max(x["exposed_host_ms"], x["adaptive_exposed_host_ms"]) for x in sweep_entries)], 0.3)]
     # A bar is the median of its rounds; the middle half of them shows how far this machine's
     # noise reaches, so that a miss inside it reads as what it is.
-    return ([{"bar": b, "ratio": statistics.median(v), "middle_half": middle_half(v), "needed": need,
-              "met": statistics.median(v) >= need} for b, v, need in floors]
-            + [{"bar": b, "value": v[0], "at_most": most, "met": v[0] <= most} for b, v, most in ceilings])
+    measured = ([{"bar": b, "ratio": statistics.median(v), "middle_half": middle_half(v), "needed": need,
+                  "met": statistics.median(v) >= need} for b, v, need in floors]
+                + [{"bar": b, "value": v[0], "at_most": most, "met": v[0] <= most} for b, v, most in ceilings])
+    # Beside each adaptive bar, the figure against the best over every round (the reference the
+    # rounds it is judged on chose, biased upward: `against_held_out_best`), so both are read.
+    for a in acceptances:
+        bar = next(b for b in measured if b["bar"].startswith(f"a = {a:g}: adaptive >= 0.95 x the best"))
+        bar["in_sample_ratio"] = statistics.median(paired(f"adaptive, a = {a:g}", best[a]))
+    return measured
+
+
+def candidates(setup, a: float) -> list:
+    """What the adaptive length at acceptance `a` is set against: MTP off and every fixed g."""
+    return ["MTP off", *(f"g = {n}, a = {a:g}" for n in fixed_lengths(setup))]
+
+
+def against_held_out_best(trials: dict, name: str, rivals: list) -> list:
+    """Each round's `name` over the rival that the other rounds' medians rank first.
+
+    The best of nine medians taken from the very rounds it is judged on is biased upward: where
+    rivals lie a few percent apart, the one whose rounds the machine favoured wins, so the
+    reference is the best config plus its luck. Chosen from the other rounds, the choice owes
+    nothing to the round it is set against (leave-one-out). A single round has no others: it is
+    set against its own best."""
+    rounds = range(len(trials[name]))
+
+    def chosen(held_out):
+        others = [i for i in rounds if i != held_out] or [held_out]
+        return max(rivals, key=lambda rival: statistics.median(trials[rival][i] for i in others))
+
+    return [trials[name][i] / trials[chosen(i)][i] for i in rounds]
 
 
 def interleaved_rounds(configs: dict, trials: int, best_of: int, timed_alone: str, alone_ms, begin_round, done):
