@@ -131,14 +131,14 @@ def launched_group(timeout: Optional[float] = None):
                f"within {timeout:g} s (are they all started, and is each host reachable?)")
     watch = subprocess.Popen([sys.executable, "-c", WATCH, str(os.getpid()), str(timeout), message])
     try:
-        group = join(mx)
+        group = join()
     finally:
         watch.kill()
         watch.wait()
     return group if group.size() > 1 else None
 
 
-def join(mx):
+def join():
     """mx.distributed.init(), again for as long as the neighbour refuses the connection or does
     not answer it (the watch of `launched_group` bounds the time); any other failure is raised
     as it is."""
