@@ -118,8 +118,8 @@ def prompt():
 def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, family, prompt):
     """Greedy with several draft lengths, prompt lookup on and off, the adaptive length, MTP
     off and seeded sampling (the split sizes: SPLIT_RUNS): each rank's answer is the one
-    process's, token for token, and the
-    query heads are split (each rank holds half of q_proj's rows). E2B's one K/V head is kept by
+    process's, token for token, and the query heads are split (each rank holds half of
+    q_proj's rows). E2B's one K/V head is kept by
     both ranks, E4B's two split (and the drafter's attention with them); the 26B-A4B's keys equal
     their values on full layers, and its experts are divided between the ranks."""
     if variant == "e2b":
