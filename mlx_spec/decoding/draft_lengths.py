@@ -13,8 +13,9 @@ the loop is measured apart (step_clock.py) and weighs its interval.
 
 Each row brings its own acceptance (`DraftLength`, policy.py), so row b expects E_b(g) tokens from
 g guesses. The step drafts the g that maximises the batch's expected tokens per second,
-sum_b E_b(g_b) / T(B, g + 1), g_b being g capped by the row's budget, T never below a shorter
-draft's measured time (noise must not make a longer draft look cheaper). A row with a fixed
+sum_b E_b(g_b) / T(B, g + 1), g_b being g capped by the row's budget, T never above a longer
+draft's measured time (noise slows steps: an error that makes a length look cheap gets it chosen
+and timed again, one that makes it look dear would stay). A row with a fixed
 length drafts that, a row without a drafter none, a row whose probe is due its probe (with the
 rows whose probes are nearly due: policy.py); and beside
 rows that gain from the drafts, a row whose own gain is next to nothing drafts none (its probes
@@ -109,8 +110,7 @@ class DraftLengths:
         """The common g of the deciding rows ((index, policy, cap) each) with the most expected
         tokens per second for the batch, the shortest on a tie, in one pass (this runs every
         step, and a plain step of a small model takes a few milliseconds). `others`: the other
-        stepping rows' (policy or None, g). A step's time is the measured one, or the line's
-        (`_line`) for a length not measured yet, and never less than a shorter draft's. Where
+        stepping rows' (policy or None, g). A step's time: `step_times`. Where
         no guess of theirs is expected to be kept, none (only noise makes a draft look cheaper
         than a plain step), without weighing the lengths: at zero acceptance this is every step."""
         floor = max((g for _, g in others), default=0)
@@ -119,17 +119,29 @@ class DraftLengths:
         curves = [(policy.stats.expected_curve(limit), cap) for _, policy, cap in deciders]
         if all(curve[cap] <= 1.0 for curve, cap in curves):
             return 0
-        line = self._line(batch)
-        best, best_rate, slowest = 0, -1.0, 0.0
-        for g in range(limit + 1):
-            measured = self.seconds.get((batch, max(g, floor) + 1))
-            seconds = max(measured if measured is not None else line(max(g, floor) + 1), slowest)
+        best, best_rate = 0, -1.0
+        for g, seconds in enumerate(self.step_times(batch, [max(g, floor) + 1 for g in range(limit + 1)])):
             rate = (settled + sum(curve[min(g, cap)] for curve, cap in curves)) / seconds
             if rate > best_rate:
                 best, best_rate = g, rate
-            if measured is not None:
-                slowest = max(slowest, measured)
         return best
+
+    def step_times(self, batch: int, positions: List[int]) -> List[float]:
+        """A step's time over each of these positions: the measured one, or the
+        line's (`_line`) where not measured yet, and never more than a longer step's measured
+        time. Noise on a shared machine slows steps; it does not speed them up. A step timed
+        slow by it, kept in its moving average, would hold the choice away from its length
+        (and, were it a floor for longer lengths, from every longer one), and a length not
+        chosen is not timed again to mend it. Held to the cheapest longer step instead, a
+        length errs only cheap, and a length that looks cheap is chosen and timed again; one
+        held to a longer step's time is never chosen over it (same time, fewer tokens)."""
+        line, known = self._line(batch), self._known(batch)
+        times = []
+        for p in positions:
+            measured = self.seconds.get((batch, p))
+            longer = [t for timed, t in known if timed > p]
+            times.append(min([measured if measured is not None else line(p), *longer]))
+        return times
 
     def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
