@@ -3,8 +3,10 @@ started by hand): load a target and drafter split over the group, generate each 
 answer, print one JSON line of what this rank saw. `experts` in the settings: "whole" or
 "split" (a mixture's experts divided between the ranks). `die_after=N`: rank 1
 leaves the process after N tokens (a rank that dies mid-answer), rank 0 reports the error.
+Several checkpoints in one group, one after another (a launch costs a good share of a test's
+time here): a line each, in order.
 
-    python group_run.py TARGET DRAFTER SETTINGS_JSON
+    python group_run.py TARGET DRAFTER SETTINGS_JSON [TARGET DRAFTER SETTINGS_JSON ...]
 """
 
 import json
@@ -18,8 +20,7 @@ from mlx_spec.errors import GroupError
 from mlx_spec.options import Options
 
 
-def main(target: str, drafter: str, settings: dict) -> None:
-    group = launched_group()  # as the commands join it
+def main(target: str, drafter: str, settings: dict, group) -> None:
     engine = mlx_spec.load(target, drafter, group=group, experts=settings.get("experts", "whole")).with_stop_tokens([])
     prompt, runs = settings["prompt"], settings["runs"]
     out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),
@@ -43,4 +44,7 @@ def main(target: str, drafter: str, settings: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
+    joined = launched_group()  # as the commands join it
+    jobs = sys.argv[1:]
+    for first in range(0, len(jobs), 3):
+        main(jobs[first], jobs[first + 1], json.loads(jobs[first + 2]), joined)

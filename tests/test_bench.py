@@ -241,6 +241,8 @@ def test_controlled(tiny_models, tmp_path):
                          "--trials", "3", "--best-of", "2", "--fixed-lengths", "2,6", tmp_path=tmp_path)
     assert [s["acceptance"] for s in data["sweep"]] == [0.0, 0.3, 0.5, 0.7, 0.9, 1.0]
     assert data["text_seeds"] == [0, 1, 2]  # each round its own text (controlled_bars.py)
+    assert (tmp_path / "results" / "plots" / "controlled-1.png").is_file()
+    assert 'alt="Controlled acceptance against its prediction' in (tmp_path / "results" / "report.html").read_text()
     # What each adaptive run drafted, one per run (3 rounds of the fastest of 2), 12 tokens each.
     lengths = data["adaptive_cycles_by_g"]
     assert set(lengths) == {"copy (free guesses), adaptive", *(f"adaptive, a = {a:g}" for a in (0, 0.3, 0.5, 0.7, 0.9, 1))}
@@ -500,22 +502,23 @@ def test_random_weights_of_each_size_at_small_width(name):
 def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
     """`mlx-spec bench all --quick`: every table into one folder (JSON, markdown), the report with
     a plot per table, a progress bar per table on standard error, and the block to paste last.
-    The group and batch tables, two of its slowest minutes here, are left out with `--skip`
-    (test_group and test_batch run them into their folder, as `all` does)."""
+    The group, batch and controlled tables, three of its slowest minutes here, are left out with
+    `--skip` (test_group, test_batch and test_controlled run them into their folder, as `all`
+    does)."""
     out = tmp_path / "all"
-    proc = mlx_spec_bench("all", *tiny_models, "--quick", "--workloads", "tool call", "--skip", "group,batch",
+    proc = mlx_spec_bench("all", *tiny_models, "--quick", "--workloads", "tool call", "--skip", "group,batch,controlled",
                           "--out", str(out), cwd=tmp_path)
-    assert not (out / "group.json").exists() and not (out / "batch.json").exists()
-    assert "[6/6] media" in proc.stderr  # six tables, counted as such
-    for table in ("positions", "acceptance", "draft_length", "controlled", "overhead"):
+    assert not any((out / f"{table}.json").exists() for table in ("group", "batch", "controlled"))
+    assert "[5/5] media" in proc.stderr  # five tables, counted as such
+    for table in ("positions", "acceptance", "draft_length", "overhead"):
         assert json.loads((out / f"{table}.json").read_text())["machine"]["chip"]
         assert (out / f"{table}.md").read_text().startswith("## ")
     page = (out / "report.html").read_text()
-    assert {p.name for p in (out / "plots").iterdir()} >= {"positions-1.png", "controlled-1.png", "draft_length-1.png"}
+    assert {p.name for p in (out / "plots").iterdir()} >= {"positions-1.png", "draft_length-1.png"}
     for title in ("The cost of N positions against one", "tok/s per workload", "Acceptance by guess position",
-                  "Speed-up by draft length", "Controlled acceptance against its prediction"):
+                  "Speed-up by draft length"):
         assert f'alt="{title}' in page
-    for table in ("positions", "acceptance", "draft-length", "controlled"):
+    for table in ("positions", "acceptance", "draft-length"):
         assert f"{table} [" in proc.stderr and "s left" in proc.stderr
     block = proc.stdout[proc.stdout.rindex("```\nmlx-spec bench"):]
     assert "machine: " in block and "7 positions / 1 at context 128" in block

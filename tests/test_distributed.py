@@ -23,14 +23,14 @@ from mlx_spec import load
 from mlx_spec.options import Options
 
 HERE = Path(__file__).parent
-RUNS = {  # past the tiny window (12) in every run
-    "g1": dict(max_tokens=40, draft_tokens=1, lookup=False),
-    "g4": dict(max_tokens=40, draft_tokens=4, lookup=False),
-    "g4_lookup": dict(max_tokens=40, draft_tokens=4),
-    "adaptive": dict(max_tokens=40),
-    "off": dict(max_tokens=40, mtp=False),
-    "seeded": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, draft_tokens=3),
-    "seeded_off": dict(max_tokens=40, temperature=1.0, top_p=0.9, seed=11, mtp=False),
+RUNS = {  # past the tiny window (12) in every run: a 30-token prompt, and answers of twice the window
+    "g1": dict(max_tokens=24, draft_tokens=1, lookup=False),
+    "g4": dict(max_tokens=24, draft_tokens=4, lookup=False),
+    "g4_lookup": dict(max_tokens=24, draft_tokens=4),
+    "adaptive": dict(max_tokens=24),
+    "off": dict(max_tokens=24, mtp=False),
+    "seeded": dict(max_tokens=24, temperature=1.0, top_p=0.9, seed=11, draft_tokens=3),
+    "seeded_off": dict(max_tokens=24, temperature=1.0, top_p=0.9, seed=11, mtp=False),
 }
 # The split sizes beside E2B's: what their split changes (K/V heads, experts) meets every kind of
 # target pass in these (1 position, 5, the adaptive length's mix, sampling); the draft lengths
@@ -114,36 +114,53 @@ def prompt():
     return np.random.default_rng(5).integers(5, 300, 30).tolist()
 
 
-@pytest.mark.parametrize("variant, experts", [("e2b", "whole"), ("e4b", "whole"), ("26b-a4b", "split")])
-def test_two_ranks_give_one_process_s_tokens(variant, experts, checkpoints, family, prompt):
+SIZES = [("e2b", "whole"), ("e4b", "whole"), ("26b-a4b", "split")]
+
+
+def test_two_ranks_give_one_process_s_tokens(checkpoints, family, prompt):
     """Greedy with several draft lengths, prompt lookup on and off, the adaptive length, MTP
     off and seeded sampling (the split sizes: SPLIT_RUNS): each rank's answer is the one
     process's, token for token, and the query heads are split (each rank holds half of
     q_proj's rows). E2B's one K/V head is kept by
     both ranks, E4B's two split (and the drafter's attention with them); the 26B-A4B's keys equal
-    their values on full layers, and its experts are divided between the ranks."""
-    if variant == "e2b":
-        target, drafter = checkpoints["text"], checkpoints["assistant"]
-    else:
-        target, drafter = family(variant)["target"], family(variant)["assistant"]
-    runs = RUNS if variant == "e2b" else SPLIT_RUNS
-    settings = {"prompt": prompt, "runs": runs, "experts": experts}
-    done = launch([sys.executable, str(HERE / "group_run.py"), str(target), str(drafter), json.dumps(settings)])
+    their values on full layers, and its experts are divided between the ranks. The three sizes
+    load one after another in one group (one launch)."""
+    jobs = []
+    for variant, experts in SIZES:
+        if variant == "e2b":
+            target, drafter = checkpoints["text"], checkpoints["assistant"]
+        else:
+            target, drafter = family(variant)["target"], family(variant)["assistant"]
+        runs = RUNS if variant == "e2b" else SPLIT_RUNS
+        jobs.append((variant, experts, target, drafter, runs))
+    arguments = [str(a) for _, experts, target, drafter, runs in jobs
+                 for a in (target, drafter, json.dumps({"prompt": prompt, "runs": runs, "experts": experts}))]
+    done = launch([sys.executable, str(HERE / "group_run.py"), *arguments], timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    ranks = ranks_lines(done.stdout)
-    assert [r["rank"] for r in ranks] == [0, 1] and all(r["group"] == {"size": 2, "rank": r["rank"]} for r in ranks)
-    whole = load(str(target), str(drafter)).target.text_model.layers[0].self_attn.q_proj.weight.shape[0]
-    assert all(2 * r["q_rows"] == whole for r in ranks)
-    if experts == "split":
-        assert all(2 * r["experts_held"] == tiny.VARIANTS[variant]["num_experts"] for r in ranks)
-    expected = alone(target, drafter, prompt, runs)
-    for name in runs:
-        for r in ranks:
-            assert r[name] == expected[name], (variant, name, r["rank"])
-    # MTP on gives MTP off's tokens, greedy and seeded (one uniform per output index)
-    assert expected["g4"] == expected["off"] == expected["adaptive"]
-    if "seeded_off" in runs:
-        assert expected["seeded"] == expected["seeded_off"]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 2 * len(jobs), done.stdout[-2000:]
+    for (variant, experts, target, drafter, runs), ranks in zip(jobs, by_job(lines, len(jobs))):
+        assert [r["rank"] for r in ranks] == [0, 1] and all(r["group"] == {"size": 2, "rank": r["rank"]} for r in ranks)
+        whole = load(str(target), str(drafter)).target.text_model.layers[0].self_attn.q_proj.weight.shape[0]
+        assert all(2 * r["q_rows"] == whole for r in ranks), variant
+        if experts == "split":
+            assert all(2 * r["experts_held"] == tiny.VARIANTS[variant]["num_experts"] for r in ranks)
+        expected = alone(target, drafter, prompt, runs)
+        for name in runs:
+            for r in ranks:
+                assert r[name] == expected[name], (variant, name, r["rank"])
+        # MTP on gives MTP off's tokens, greedy and seeded (one uniform per output index)
+        assert expected["g4"] == expected["off"] == expected["adaptive"], variant
+        if "seeded_off" in runs:
+            assert expected["seeded"] == expected["seeded_off"]
+
+
+def by_job(lines: list, jobs: int) -> list:
+    """Each job's two lines (rank 0's, rank 1's), from both ranks' lines as printed: each rank
+    prints its jobs in order, and the ranks' output comes interleaved."""
+    per_rank = [[line for line in lines if line["rank"] == rank] for rank in (0, 1)]
+    assert all(len(mine) == jobs for mine in per_rank)
+    return [[per_rank[0][job], per_rank[1][job]] for job in range(jobs)]
 
 
 def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints):
@@ -227,6 +244,28 @@ def test_a_rank_started_after_mlx_s_own_connect_budget_still_joins():
     for rank in (0, 1):
         assert results[rank].returncode == 0, results[rank].stderr[-2000:]
         assert results[rank].stdout.strip() == "3.0"
+
+
+def test_joining_tries_again_with_a_pause_and_raises_other_failures(monkeypatch):
+    """A neighbour that refuses (or does not answer) is tried again, a pause between tries, so
+    that a backend failing at once does not spin; any other failure is the caller's."""
+    from mlx_spec.decoding import lockstep
+
+    outcomes = [RuntimeError("[ring] Couldn't connect (error: 111)"), RuntimeError("[ring] (error: 110)"), "joined"]
+    pauses = []
+
+    def init():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(lockstep.mx.distributed, "init", init)
+    monkeypatch.setattr(lockstep.time, "sleep", pauses.append)
+    assert lockstep.join() == "joined" and pauses == [lockstep.RETRY_PAUSE] * 2
+    outcomes[:] = [RuntimeError("[ring] some other failure")]
+    with pytest.raises(RuntimeError, match="some other failure"):
+        lockstep.join()
 
 
 def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -141,15 +142,18 @@ def launched_group(timeout: Optional[float] = None):
 def join():
     """mx.distributed.init(), again for as long as the neighbour refuses the connection or does
     not answer it (the watch of `launched_group` bounds the time); any other failure is raised
-    as it is."""
+    as it is. A second between tries: the ring backend waits about 31 s in each, but a backend
+    that failed at once would otherwise spin on a core its neighbour may need to start."""
     while True:
         try:
             return mx.distributed.init()
         except RuntimeError as e:
             if not any(f"(error: {code})" in str(e) for code in (errno.ECONNREFUSED, errno.ETIMEDOUT)):
                 raise
+        time.sleep(RETRY_PAUSE)
 
 
+RETRY_PAUSE = 1.0  # seconds between two tries at joining the group
 # Set by mlx.launch in every process it starts (ring and jaccl; MPI's own for mpi).
 LAUNCHED = ("MLX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # The watch: the rank's process is ended, with the message, if it is still there after the time.
