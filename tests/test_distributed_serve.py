@@ -80,11 +80,11 @@ class GroupServer:
 # Several at once, of different lengths and settings: greedy, seeded nucleus sampling, a stop
 # string, MTP off, past the tiny window (12) in every answer but the one a stop string ends.
 CHATS = [
-    dict(content="the first of several questions " * 3, max_tokens=40),
-    dict(content="a second, sampled " * 9, max_tokens=36, temperature=1.0, top_p=0.9, seed=7),
-    dict(content="third, up to a stop string " * 12, max_tokens=30, stop=["e", "ab"]),
-    dict(content="fourth, with the target alone " * 2, max_tokens=28, extra_body={"mtp": False}),
-    dict(content="fifth, sampled at top-k " * 5, max_tokens=44, temperature=0.8, seed=3, extra_body={"top_k": 20}),
+    dict(content="the first of several questions " * 3, max_tokens=24),
+    dict(content="a second, sampled " * 9, max_tokens=22, temperature=1.0, top_p=0.9, seed=7),
+    dict(content="third, up to a stop string " * 12, max_tokens=20, stop=["e", "ab"]),
+    dict(content="fourth, with the target alone " * 2, max_tokens=18, extra_body={"mtp": False}),
+    dict(content="fifth, sampled at top-k " * 5, max_tokens=26, temperature=0.8, seed=3, extra_body={"top_k": 20}),
 ]
 
 

@@ -15,13 +15,21 @@ would be its luck on that draw (where its runs of kept guesses fall decides when
 fixed g only counts them), not what it does on text of that acceptance. The policy's own
 simulation put the spread between draws of 200 tokens at a = 0.5 at several percent
 (docs/benchmarks.md).
+
+Each round also runs MTP off a second time, at the round's other end: one configuration set
+against itself shows how far this machine's noise moves a round's ratio, and how low a median
+of that many rounds of it falls one time in 20. A bar missed by less than that is said to be
+inside the noise: this run does not decide it either way.
 """
 
+import random
 import statistics
 
 from .common import markdown
 from .prefills import prompt_sequence
 from .runs import ControlledDrafter, cost_ratios, device_ms, expected_tokens
+
+AGAIN = "MTP off, again"
 
 
 def bars(setup, sweep_entries: list, progress) -> dict:
@@ -38,6 +46,7 @@ def bars(setup, sweep_entries: list, progress) -> dict:
         for n in fixed_lengths(setup):
             configs[f"g = {n}, a = {a:g}"] = lambda a=a, n=n: setup.controlled(a, n)
     lengths = record_lengths(configs, [name for name in configs if "adaptive" in name])
+    configs[AGAIN] = setup.mtp_off  # last: the round's other end from MTP off (the module's docstring)
 
     def alone_ms():
         drafter = ControlledDrafter(engine.mtp_drafter, setup.reference, engine.target.vocab_size, 1.0)
@@ -61,17 +70,42 @@ def bars(setup, sweep_entries: list, progress) -> dict:
     print(f"\nMedian of {args.trials} interleaved rounds, each the fastest of {args.best_of} run(s) (tok/s; the bars below "
           "take the median of each round's ratio):\n")
     print(markdown(["run", "tok/s", "rounds"], [[n, f"{t:.1f}", ", ".join(f"{v:.1f}" for v in trials[n])] for n, t in tps.items()]))
-    measured = judged_bars(setup, trials, costs, efficiency, sweep_entries, best)
+    reach = noise(trials)
+    measured = judged_bars(setup, trials, costs, efficiency, sweep_entries, best, reach["low_median"])
     rows = [[bar["bar"], f"{bar.get('ratio', bar.get('value')):.2f}",
              "{:.2f}-{:.2f}".format(*bar["middle_half"]) if "middle_half" in bar else "",
-             "yes" if bar["met"] else "NO"] for bar in measured]
+             verdict(bar)] for bar in measured]
     print("\n" + markdown(["bar", "figure", f"middle half of the {args.trials} rounds", "met"], rows))
+    print(f"\nThis machine's noise: MTP off over a second MTP off run in the same round reads {reach['median']:.2f} "
+          "(middle half {:.2f}-{:.2f}); a median of {} such rounds falls to {:.2f} of its own figure one time in 20. "
+          "A bar missed by less than that is inside the noise: not decided by this run.".format(
+              *reach["middle_half"], args.trials, reach["low_median"]))
     print("\nThe adaptive length against the best over all the rounds (the reference those rounds chose, biased "
           "upward), by acceptance: " + ", ".join(f"a = {a:g} {bar['in_sample_ratio']:.2f}" for a, bar in
                                                   zip(args.acceptance, [b for b in measured if "in_sample_ratio" in b])))
     return {"loop_efficiency": {"median": loop, "rounds": efficiency}, "trials": trials, "runs": runs,
             "best_of": args.best_of, "median_tps": tps, "best": {f"{a:g}": name for a, name in best.items()},
-            "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured}
+            "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured,
+            "noise": reach}
+
+
+def noise(trials: dict, draws: int = 2000) -> dict:
+    """One configuration against itself: each round's MTP off over its second run, their median
+    and middle half, and `low_median`: how low, relative to its own figure, a median of that
+    many such rounds falls one time in 20 (a seeded bootstrap over them). Two identical runs
+    differ only by the machine, so a bar whose figure is within that of what it needs is not
+    decided by the run."""
+    ratios = [a / b for a, b in zip(trials["MTP off"], trials[AGAIN])]
+    centre = statistics.median(ratios)
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return {"ratios": ratios, "median": centre, "middle_half": middle_half(ratios), "low_median": medians[draws // 20] / centre}
+
+
+def verdict(bar: dict) -> str:
+    if bar["met"]:
+        return "yes"
+    return "NO, inside the noise" if bar.get("inside_noise") else "NO"
 
 
 def record_lengths(configs: dict, names: list) -> dict:
@@ -105,8 +139,10 @@ def print_loop_efficiency(loop: dict, g: int) -> None:
           f"{loop['waited_ms']:.2f} ms in its sync")
 
 
-def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entries: list, best: dict) -> list:
-    """Each bar's figure (the median of its rounds, with their middle half) against what it needs."""
+def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entries: list, best: dict,
+                low_median: float = 1.0) -> list:
+    """Each bar's figure (the median of its rounds, with their middle half) against what it
+    needs; a bar of rounds missed by less than the noise reaches (`noise`) says so."""
     g, acceptances = setup.g, setup.args.acceptance
 
     def paired(a, b, predicted=None):
@@ -126,15 +162,18 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
     floors += [(f"a = {a:g}: adaptive >= 0.95 x the best of MTP off and every fixed g (chosen from the other rounds; "
                 f"over all of them, {best[a]})",
                 against_held_out_best(trials, f"adaptive, a = {a:g}", candidates(setup, a)), 0.95) for a in acceptances]
-    floors += [("pre-built share >= 0.95 at every acceptance, g = 6 and adaptive",
-                [min(min(x["prebuilt_share"], x["adaptive_prebuilt_share"]) for x in sweep_entries)], 0.95)]
+    # A bar on what the loop counted, not timed: no noise in it.
+    counted = [("pre-built share >= 0.95 at every acceptance, g = 6 and adaptive",
+                min(min(x["prebuilt_share"], x["adaptive_prebuilt_share"]) for x in sweep_entries), 0.95)]
     # A bar on a figure that must stay low: met when the worst case is at most the bound.
     ceilings = [("exposed host ms per cycle <= 0.3 at every acceptance, g = 6 and adaptive",
                  [max(max(x["exposed_host_ms"], x["adaptive_exposed_host_ms"]) for x in sweep_entries)], 0.3)]
     # A bar is the median of its rounds; the middle half of them shows how far this machine's
     # noise reaches, so that a miss inside it reads as what it is.
     measured = ([{"bar": b, "ratio": statistics.median(v), "middle_half": middle_half(v), "needed": need,
-                  "met": statistics.median(v) >= need} for b, v, need in floors]
+                  "met": statistics.median(v) >= need, "inside_noise": need * low_median <= statistics.median(v) < need}
+                 for b, v, need in floors]
+                + [{"bar": b, "ratio": v, "middle_half": (v, v), "needed": need, "met": v >= need} for b, v, need in counted]
                 + [{"bar": b, "value": v[0], "at_most": most, "met": v[0] <= most} for b, v, most in ceilings])
     # Beside each adaptive bar, the figure against the best over every round (the reference the
     # rounds it is judged on chose, biased upward: `against_held_out_best`), so both are read.

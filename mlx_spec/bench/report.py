@@ -172,7 +172,9 @@ def _controlled(data: dict) -> list:
         # rounds as a whisker: how far this machine's noise reaches.
         bars = [b for b in data["bars"] if "middle_half" in b]
         y = range(len(bars))
-        ax.barh(y, [b["ratio"] / b["needed"] for b in bars], color=["tab:green" if b["met"] else "tab:red" for b in bars])
+        # Met, missed inside the machine's own noise (controlled_bars.noise), missed.
+        colours = ["tab:green" if b["met"] else "tab:orange" if b.get("inside_noise") else "tab:red" for b in bars]
+        ax.barh(y, [b["ratio"] / b["needed"] for b in bars], color=colours)
         low = [max(b["ratio"] - b["middle_half"][0], 0) / b["needed"] for b in bars]
         high = [max(b["middle_half"][1] - b["ratio"], 0) / b["needed"] for b in bars]
         ax.errorbar([b["ratio"] / b["needed"] for b in bars], y, xerr=[low, high], fmt="none", color="black", capsize=3)
