@@ -140,7 +140,7 @@ def print_loop_efficiency(loop: dict, g: int) -> None:
 
 
 def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entries: list, best: dict,
-                low_median: float = 1.0) -> list:
+                low_median: float) -> list:
     """Each bar's figure (the median of its rounds, with their middle half) against what it
     needs; a bar of rounds missed by less than the noise reaches (`noise`) says so."""
     g, acceptances = setup.g, setup.args.acceptance
@@ -170,9 +170,7 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
                  [max(max(x["exposed_host_ms"], x["adaptive_exposed_host_ms"]) for x in sweep_entries)], 0.3)]
     # A bar is the median of its rounds; the middle half of them shows how far this machine's
     # noise reaches, so that a miss inside it reads as what it is.
-    measured = ([{"bar": b, "ratio": statistics.median(v), "middle_half": middle_half(v), "needed": need,
-                  "met": statistics.median(v) >= need, "inside_noise": need * low_median <= statistics.median(v) < need}
-                 for b, v, need in floors]
+    measured = ([judged_floor(b, v, need, low_median) for b, v, need in floors]
                 + [{"bar": b, "ratio": v, "middle_half": (v, v), "needed": need, "met": v >= need} for b, v, need in counted]
                 + [{"bar": b, "value": v[0], "at_most": most, "met": v[0] <= most} for b, v, most in ceilings])
     # Beside each adaptive bar, the figure against the best over every round (the reference the
@@ -181,6 +179,14 @@ def judged_bars(setup, trials: dict, costs: list, efficiency: list, sweep_entrie
         bar = next(b for b in measured if b["bar"].startswith(f"a = {a:g}: adaptive >= 0.95 x the best"))
         bar["in_sample_ratio"] = statistics.median(paired(f"adaptive, a = {a:g}", best[a]))
     return measured
+
+
+def judged_floor(bar: str, rounds: list, needed: float, low_median: float) -> dict:
+    """A bar of rounds that must reach `needed`: the median of its rounds, their middle half,
+    and whether a miss lies inside the machine's noise (`noise`'s `low_median`)."""
+    figure = statistics.median(rounds)
+    return {"bar": bar, "ratio": figure, "middle_half": middle_half(rounds), "needed": needed,
+            "met": figure >= needed, "inside_noise": needed * low_median <= figure < needed}
 
 
 def candidates(setup, a: float) -> list:
