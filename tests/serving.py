@@ -10,8 +10,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout, imported first by the server process
+# The package's processes run as on a user's Mac, without torch (without_torch/sitecustomize.py).
+WITHOUT_TORCH = str(Path(__file__).with_name("without_torch"))
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-           PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+           PYTHONPATH=os.pathsep.join([WITHOUT_TORCH, str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
 def free_port() -> int:

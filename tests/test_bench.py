@@ -5,6 +5,7 @@ are noise.)"""
 
 import html
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +13,22 @@ from pathlib import Path
 import pytest
 
 import tiny
+from serving import WITHOUT_TORCH
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"  # the repository's own tools (ab, lookup)
 
 
 # The console script pip installed beside this interpreter: what a user types.
 MLX_SPEC = Path(sys.executable).with_name("mlx-spec")
+# Not serving.ENV: that puts this checkout first, and bench/ab.py's older revision runs its own.
+WITHOUT_TORCH_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([WITHOUT_TORCH, os.environ.get("PYTHONPATH", "")]))
 
 
 def mlx_spec_bench(*args, cwd):
     """`mlx-spec bench ...` in a process of its own, as a user runs it."""
     assert MLX_SPEC.is_file(), f"the package is not installed with its console script beside {sys.executable}"
-    proc = subprocess.run([str(MLX_SPEC), "bench", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+    proc = subprocess.run([str(MLX_SPEC), "bench", *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+                          env=WITHOUT_TORCH_ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 
@@ -62,7 +67,7 @@ def run_script(name, *args, tmp_path):
     out = tmp_path / "results"
     if name == "ab":  # a repository tool, not a table of the package
         proc = subprocess.run([sys.executable, str(BENCH / "ab.py"), *args, "--out", str(out / "ab.json")],
-                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path, env=WITHOUT_TORCH_ENV)
         assert proc.returncode == 0, proc.stderr[-2000:]
     else:
         proc = mlx_spec_bench(name.replace("_", "-"), *args, "--out", str(out), cwd=tmp_path)

@@ -12,13 +12,14 @@ import time
 
 import pytest
 
+import serving
 import tiny
 from mlx_spec import load
 
 STATS = re.compile(
     r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s \((\d+) reused\), (.*), peak memory .*\]$", re.M
 )
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+ENV = dict(serving.ENV)
 
 
 def command(checkpoints, *args):

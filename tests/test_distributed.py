@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serving import ENV
 
 import tiny
 from mlx_spec import load
@@ -72,7 +73,7 @@ def launcher(ranks: int = 2, env=None) -> list:
 def launch(command, ranks: int = 2, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
     """`mlx.launch --backend ring -n RANKS COMMAND` on localhost."""
     return subprocess.run(launcher(ranks, env) + command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **THREADS, **(env or {})})
+                          env={**ENV, **THREADS, **(env or {})})
 
 
 def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=None, extra=None, cwds=None):
@@ -89,7 +90,7 @@ def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=Non
     procs = {}
     for rank in (started if started is not None else range(ranks)):
         procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), cwd=(cwds or {}).get(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env={**os.environ, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
+                                       env={**ENV, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
                                             "MLX_RANK": str(rank)})
     results = {}
     deadline = time.monotonic() + timeout
@@ -172,7 +173,7 @@ def test_generate_under_mlx_launch_prints_once_and_reports_the_group(checkpoints
     done = launch(mlx_spec + args)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    single = subprocess.run(mlx_spec + args, capture_output=True, text=True, timeout=120, env={**os.environ, **THREADS})
+    single = subprocess.run(mlx_spec + args, capture_output=True, text=True, timeout=120, env={**ENV, **THREADS})
     reference = [json.loads(line) for line in single.stdout.splitlines() if line.startswith("{")]
     assert [d["token"] for d in lines[:-1]] == [d["token"] for d in reference[:-1]]
     assert lines[-1]["group"] == {"size": 2, "rank": 0} and reference[-1]["group"] == {"size": 1, "rank": 0}
@@ -187,7 +188,7 @@ def test_chat_under_mlx_launch_follows_rank_0_s_lines(checkpoints):
     command = [sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(checkpoints["text"]), "--drafter",
                str(checkpoints["assistant"]), "-m", "8"]
     done = subprocess.run(launcher() + command, input=lines, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, **THREADS})
+                          env={**ENV, **THREADS})
     assert "exited with code" not in done.stderr, done.stderr[-2000:]
     assert done.stdout.count("[session: 2 turns") == 1, done.stdout[-2000:]
 
@@ -294,7 +295,7 @@ def test_generate_with_media_under_a_group_reads_the_files_on_rank_0_alone(multi
     command = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(multimodal["text"]), "--drafter",
                str(multimodal["assistant"]), "--image", "picture.png", "--audio", "clip.wav", "--image-tokens", "70",
                "--prompt", "What is in this picture and this sound?", "-m", "16", "--json"]
-    single = subprocess.run(command, cwd=here, capture_output=True, text=True, timeout=180, env={**os.environ, **THREADS})
+    single = subprocess.run(command, cwd=here, capture_output=True, text=True, timeout=180, env={**ENV, **THREADS})
     assert single.returncode == 0, single.stderr[-2000:]
     results = by_hand(command, cwds={0: here, 1: elsewhere}, timeout=240)
     assert results[1].returncode == 0 and results[0].returncode == 0, (results[0].stderr[-2000:], results[1].stderr[-2000:])

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from serving import Server
+from serving import ENV, Server
 
 openai = pytest.importorskip("openai")
 
@@ -126,7 +126,7 @@ def test_bad_max_batch_is_refused(checkpoints):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]),
-                          "--max-batch", "0"], capture_output=True, text=True, timeout=120)
+                          "--max-batch", "0"], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode != 0 and "--max-batch must be at least 1" in out.stderr + out.stdout
     assert "Traceback" not in out.stderr
     httpx  # (imported for the module's clients)
