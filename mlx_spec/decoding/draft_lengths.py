@@ -22,6 +22,13 @@ rows that gain from the drafts, a row whose own gain is next to nothing drafts n
 keep watching). So a row may draft 0 beside rows that draft 6, and where the pass becomes
 compute-bound as the batch grows (T grows with L), drafting stops by itself.
 
+A step's time is a moving average taken at its own moments, and a length the choice avoids is
+not timed: while rows draft, the plain step keeps the time it had when they began. On a machine
+whose speed drifts (under load, or as it heats) the ratio of two lengths' times then drifts too,
+so a time weighs less the older it is (STALE_DECAY per step since it was taken), and where
+drafting beats a plain step by little, a plain step is timed again now and then
+(`_retiming_plain`).
+
 The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change with
 the number of rows), and at a = 1 the line always favours the longest draft. So the lengths next
 to the chosen one are measured too, each at most EXPLORE_TRIES times while untimed: the choice
@@ -38,6 +45,10 @@ PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain po
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
 MIN_GAIN = 0.05  # expected tokens a row's guesses must add for it to draft beside rows that gain more
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
+STALE_DECAY = 0.99  # per step since a length was last timed: how much its old time still says
+RETIME_STEPS = 3  # plain steps in a row that time one plain step again (timed only between two of its shape)
+RETIME_OVERHEAD = 0.005  # the share of the time timing plain steps again may cost
+RETIME_BELOW = 1.5  # a choice this much faster than a plain step by the table: drift could not reverse it
 
 
 class Ask(NamedTuple):
@@ -59,6 +70,11 @@ class DraftLengths:
         self.acceptance = AcceptanceStats(MAX_DRAFT_TOKENS, PRIOR_DECAY)
         self.seconds: Dict[Tuple[int, int], float] = {}  # (rows, positions) -> a step's time
         self.timed: Dict[Tuple[int, int], int] = {}
+        # The steps settled so far (timed or not): the clock by which a time grows old. Steps,
+        # not seconds: every rank of a group counts them alike.
+        self.steps = 0
+        self.last_timed: Dict[Tuple[int, int], int] = {}  # (rows, positions) -> the step it was last timed at
+        self.retime: Dict[int, Tuple[int, int]] = {}  # rows -> (plain steps still to run, the step it began)
         self.explored: Dict[Tuple[int, int], int] = {}
         # What a probe (a drafting step alone between plain ones) costs over a plain step, as
         # the loop measures it (step_clock.py): (rows, positions) -> seconds.
@@ -101,7 +117,7 @@ class DraftLengths:
         floor = max((g for _, g in others), default=0)
         limit = max(cap for _, _, cap in deciders)
         best = self._neighbour(batch, self.fastest(batch, deciders, others), limit, floor)
-        if best == 0:
+        if best == 0 or (floor == 0 and self._retiming_plain(batch, deciders, len(others), best)):
             return [0] * len(deciders)
         gains = [policy.stats.expected_tokens(min(best, cap)) - 1 for _, policy, cap in deciders]
         return [0 if gain < MIN_GAIN <= max(gains) else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
@@ -142,6 +158,34 @@ class DraftLengths:
             longer = [t for timed, t in known if timed > p]
             times.append(min([measured if measured is not None else line(p), *longer]))
         return times
+
+    def _retiming_plain(self, batch: int, deciders, others: int, g: int) -> bool:
+        """Whether this step is one of RETIME_STEPS plain ones that time a plain step again,
+        where the deciding rows would draft g (`others` other rows step plain). A length the choice avoids is not timed, so while rows
+        draft, the plain step keeps the time it had when they began; on a machine whose speed
+        drifts (under load, or as it heats), the time of a slow spell, which makes drafting
+        look better than it is. Timed again as often as it costs RETIME_OVERHEAD of the time: a
+        plain step where the table has g at R times its rate loses 1 - 1/R of a step, so near
+        break-even (where drift may reverse the choice) every few dozen steps, and never where
+        g is RETIME_BELOW times faster or more."""
+        left, began = self.retime.get(batch, (0, -1))
+        if left > 0:
+            self.retime[batch] = (left - 1, began)
+            return True
+        plain = self.last_timed.get((batch, 1))
+        if plain is None:
+            return False
+        curves = [(policy.stats.expected_curve(g), cap) for _, policy, cap in deciders]
+        times = self.step_times(batch, [1, g + 1])
+        tokens = others + sum(curve[min(g, cap)] for curve, cap in curves)
+        rate = tokens / times[1] / ((others + len(curves)) / times[0])  # g's tokens per second over plain's
+        if rate >= RETIME_BELOW:
+            return False
+        every = RETIME_STEPS * (1 - 1 / max(rate, 1.0)) / RETIME_OVERHEAD
+        if self.steps - max(plain, began) < every:
+            return False
+        self.retime[batch] = (RETIME_STEPS - 1, self.steps)
+        return True
 
     def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
@@ -213,12 +257,16 @@ class DraftLengths:
     def observe(self, batch: int, positions: int, seconds: Optional[float]) -> None:
         """A settled step of `batch` rows over `positions` positions took `seconds` of the loop's
         host time (None: not timed, as when it traced)."""
+        self.steps += 1
         seconds = self.lockstep.seconds(seconds)
         if seconds is None:
             return
         key = (batch, positions)
         self.timed[key] = self.timed.get(key, 0) + 1
-        self.seconds[key] = average(self.seconds.get(key, 0.0), seconds, self.timed[key], self.decay)
+        # A time taken long ago says less about this moment than the average's weight assumes.
+        stale = max(1 - self.decay, 1 - STALE_DECAY ** (self.steps - self.last_timed.get(key, self.steps)))
+        self.seconds[key] = average(self.seconds.get(key, 0.0), seconds, self.timed[key], self.decay, stale)
+        self.last_timed[key] = self.steps
 
     def observe_probe(self, batch: int, positions: int, extra: float) -> None:
         """A probe step of `batch` rows over `positions` positions, between plain steps, cost the
