@@ -49,6 +49,7 @@ STALE_DECAY = 0.99  # per step since a length was last timed: how much its old t
 RETIME_STEPS = 3  # plain steps in a row that time one plain step again (timed only between two of its shape)
 RETIME_OVERHEAD = 0.005  # the share of the time timing plain steps again may cost
 RETIME_BELOW = 1.5  # a choice this much faster than a plain step by the table: drift could not reverse it
+RETIME_AFTER = 32  # steps: a plain time younger is fresh enough (STALE_DECAY weighs it 0.72)
 
 
 class Ask(NamedTuple):
@@ -74,7 +75,7 @@ class DraftLengths:
         # not seconds: every rank of a group counts them alike.
         self.steps = 0
         self.last_timed: Dict[Tuple[int, int], int] = {}  # (rows, positions) -> the step it was last timed at
-        self.retime: Dict[int, Tuple[int, int]] = {}  # rows -> (plain steps still to run, the step it began)
+        self.retime: Dict[int, int] = {}  # rows -> plain steps still to run that time a plain step again
         self.explored: Dict[Tuple[int, int], int] = {}
         # What a probe (a drafting step alone between plain ones) costs over a plain step, as
         # the loop measures it (step_clock.py): (rows, positions) -> seconds.
@@ -161,16 +162,19 @@ class DraftLengths:
 
     def _retiming_plain(self, batch: int, deciders, others: int, g: int) -> bool:
         """Whether this step is one of RETIME_STEPS plain ones that time a plain step again,
-        where the deciding rows would draft g (`others` other rows step plain). A length the choice avoids is not timed, so while rows
-        draft, the plain step keeps the time it had when they began; on a machine whose speed
-        drifts (under load, or as it heats), the time of a slow spell, which makes drafting
-        look better than it is. Timed again as often as it costs RETIME_OVERHEAD of the time: a
-        plain step where the table has g at R times its rate loses 1 - 1/R of a step, so near
-        break-even (where drift may reverse the choice) every few dozen steps, and never where
-        g is RETIME_BELOW times faster or more."""
-        left, began = self.retime.get(batch, (0, -1))
+        where the deciding rows would draft g (`others` other rows step plain). A length the
+        choice avoids is not timed, so while rows draft, the plain step keeps the time it had
+        when they began; on a machine whose speed drifts (under load, or as it heats), the time
+        of a slow spell, which makes drafting look better than it is. Timed again once the
+        rows have drafted, and the plain step gone untimed, for as long as costs RETIME_OVERHEAD
+        of the time: a plain step where the table has g at R times its rate loses 1 - 1/R of a
+        step, so near break-even (where drift may reverse the choice) every RETIME_AFTER steps
+        or so, and never where g is RETIME_BELOW times faster or more. Not in a request's first
+        RETIME_AFTER cycles: they are its own probe and climb (and prompt lookup's best chance,
+        where an answer begins by copying its prompt)."""
+        left = self.retime.get(batch, 0)
         if left > 0:
-            self.retime[batch] = (left - 1, began)
+            self.retime[batch] = left - 1
             return True
         plain = self.last_timed.get((batch, 1))
         if plain is None:
@@ -181,10 +185,11 @@ class DraftLengths:
         rate = tokens / times[1] / ((others + len(curves)) / times[0])  # g's tokens per second over plain's
         if rate >= RETIME_BELOW:
             return False
-        every = RETIME_STEPS * (1 - 1 / max(rate, 1.0)) / RETIME_OVERHEAD
-        if self.steps - max(plain, began) < every:
+        every = max(RETIME_AFTER, RETIME_STEPS * (1 - 1 / max(rate, 1.0)) / RETIME_OVERHEAD)
+        drafted = min(policy.drafting_streak for _, policy, _ in deciders)
+        if drafted < every or self.steps - plain < every:
             return False
-        self.retime[batch] = (RETIME_STEPS - 1, self.steps)
+        self.retime[batch] = RETIME_STEPS - 1
         return True
 
     def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:

@@ -209,6 +209,7 @@ class DraftLength:
         # while the current one runs: it must not probe twice for one).
         self.probe_out = False
         self.plain_streak = 0
+        self.drafting_streak = 0  # cycles in a row chosen with guesses (draft_lengths.py times a plain step again)
         self.backoff = 1  # multiplies the probe interval: doubled by each probe that keeps nothing
 
     @property
@@ -285,6 +286,7 @@ class DraftLength:
         probe that is out alone."""
         asked = g if asked is None else asked
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
+        self.drafting_streak = self.drafting_streak + 1 if asked > 0 else 0
         probing = asked > 0 and asked == self.probe
         self.stats.observe(g, kept, PROBE_WEIGHT if probing else None)
         if self.prior is not None:
