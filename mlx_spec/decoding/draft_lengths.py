@@ -22,12 +22,8 @@ rows that gain from the drafts, a row whose own gain is next to nothing drafts n
 keep watching). So a row may draft 0 beside rows that draft 6, and where the pass becomes
 compute-bound as the batch grows (T grows with L), drafting stops by itself.
 
-A step's time is a moving average taken at its own moments, and a length the choice avoids is
-not timed: while rows draft, the plain step keeps the time it had when they began. On a machine
-whose speed drifts (under load, or as it heats) the ratio of two lengths' times then drifts too,
-so a time weighs less the older it is (STALE_DECAY per step since it was taken), and where
-drafting beats a plain step by little, a plain step is timed again now and then
-(`_retiming_plain`).
+On a machine whose speed drifts, times taken at different moments drift apart: a time weighs
+less the older it is, and a plain step is timed again while rows draft (`_retiming_plain`).
 
 The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change with
 the number of rows), and at a = 1 the line always favours the longest draft. So the lengths next
@@ -164,14 +160,11 @@ class DraftLengths:
         """Whether this step is one of RETIME_STEPS plain ones that time a plain step again,
         where the deciding rows would draft g (`others` other rows step plain). A length the
         choice avoids is not timed, so while rows draft, the plain step keeps the time it had
-        when they began; on a machine whose speed drifts (under load, or as it heats), the time
-        of a slow spell, which makes drafting look better than it is. Timed again once the
-        rows have drafted, and the plain step gone untimed, for as long as costs RETIME_OVERHEAD
-        of the time: a plain step where the table has g at R times its rate loses 1 - 1/R of a
-        step, so near break-even (where drift may reverse the choice) every RETIME_AFTER steps
-        or so, and never where g is RETIME_BELOW times faster or more. Not in a request's first
-        RETIME_AFTER cycles: they are its own probe and climb (and prompt lookup's best chance,
-        where an answer begins by copying its prompt)."""
+        when they began (on a machine whose speed drifts, perhaps a slow spell's, which makes
+        drafting look better than it is). Timed again once the rows have drafted, and the plain
+        step gone untimed, for as long as costs RETIME_OVERHEAD of the time (a plain step in place
+        of g at R times its rate loses 1 - 1/R of a step); never where R >= RETIME_BELOW, nor in
+        a request's first RETIME_AFTER cycles (its probe and climb, prompt lookup's best chance)."""
         left = self.retime.get(batch, 0)
         if left > 0:
             self.retime[batch] = left - 1
