@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]),
                 "--drafter", str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", *args]
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"mlx-spec-serve-{self.port}.log", "w+")
+        self.log = tempfile.TemporaryFile("w+")  # read back on failure; gone when closed, nothing left in /tmp
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_ready()
 

@@ -87,17 +87,22 @@ def by_hand(command, ranks: int = 2, started=None, timeout: float = 120, env=Non
     folder = Path(os.environ.get("TMPDIR", "/tmp"))
     hostfile = folder / f"mlx-spec-hosts-{first}.json"
     hostfile.write_text(hosts)
-    procs = {}
-    for rank in (started if started is not None else range(ranks)):
-        procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), cwd=(cwds or {}).get(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env={**ENV, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
-                                            "MLX_RANK": str(rank)})
-    results = {}
-    deadline = time.monotonic() + timeout
-    for rank, proc in procs.items():
-        out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
-        results[rank] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    hostfile.unlink()
+    procs, results = {}, {}
+    try:
+        for rank in (started if started is not None else range(ranks)):
+            procs[rank] = subprocess.Popen(command + (extra or {}).get(rank, []), cwd=(cwds or {}).get(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           env={**ENV, **THREADS, **(env or {}), "MLX_HOSTFILE": str(hostfile),
+                                                "MLX_RANK": str(rank)})
+        deadline = time.monotonic() + timeout
+        for rank, proc in procs.items():
+            out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
+            results[rank] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:  # a rank that timed out is killed, and the host file goes either way
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        hostfile.unlink(missing_ok=True)
     return results
 
 

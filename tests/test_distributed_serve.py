@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,14 +42,15 @@ class GroupServer:
         command = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--drafter",
                    str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target", *extra]
         folder = Path(os.environ.get("TMPDIR", "/tmp"))
-        self.logs = [open(folder / f"mlx-spec-group-{self.port}-{rank}.log", "w+") for rank in (0, 1)]
+        self.logs = [tempfile.TemporaryFile("w+") for _ in (0, 1)]  # gone when closed: nothing left in /tmp
+        self.hostfile = None
         env = {**ENV, **THREADS}
         if by_hand:
             first = free_ports(2)
-            hostfile = folder / f"mlx-spec-hosts-{first}.json"
-            hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(2)]))
+            self.hostfile = folder / f"mlx-spec-hosts-{first}.json"
+            self.hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(2)]))
             self.procs = [subprocess.Popen(command, cwd=ROOT, stdout=self.logs[r], stderr=subprocess.STDOUT,
-                                           env={**env, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(r)})
+                                           env={**env, "MLX_HOSTFILE": str(self.hostfile), "MLX_RANK": str(r)})
                           for r in range(2)]
         else:
             self.procs = [subprocess.Popen(launcher() + command, cwd=ROOT, stdout=self.logs[0], stderr=subprocess.STDOUT,
@@ -75,6 +77,8 @@ class GroupServer:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if self.hostfile is not None:
+            self.hostfile.unlink(missing_ok=True)
 
 
 # Several at once, of different lengths and settings: greedy, seeded nucleus sampling, a stop
