@@ -132,6 +132,29 @@ def test_a_stale_plain_step_is_timed_again_in_a_real_run(engine, prompt, referen
     assert result.stats.cycles_by_g.get(0, 0) > 0.3 * result.stats.cycles, result.stats.cycles_by_g
 
 
+def test_a_drafting_length_timed_in_a_slow_spell_is_timed_again_while_the_request_runs_plain(engine, prompt, reference, monkeypatch):
+    """The mirror of the stale plain step: every drafting length was timed in a slow spell (1.7
+    times its cost), the plain step since, and the request keeps 8 guesses in 10. By the table
+    no draft pays; in truth two guesses do (2.44 tokens for 2 plain steps' time). Its probes do
+    not mend the table: a probe is not a step's time, and one that keeps everything is followed
+    by a longer one at once, so it is not timed even as a probe. The length the choice avoids
+    is timed again (three steps in a row, the middle one timed), and the request drafts (it ran
+    177 of its 187 cycles plain when only the plain step was timed again)."""
+    lengths = DraftLengths()
+    for positions in range(2, 10):
+        lengths.observe(1, positions, 1.7 * (1 + 0.5 * (positions - 1)))
+    lengths.observe(1, 1, 1.0)
+    lengths.steps = 1000
+    modelled_step_times(monkeypatch, per_position=0.5, every_step=False)
+    monkeypatch.setattr(engine, "draft_lengths", lengths)
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.2, seed=2)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
+    assert result.tokens == reference[len(prompt) :]
+    assert lengths.seconds[(1, 3)] == pytest.approx(2.0, abs=0.05), lengths.table()
+    drafted = result.stats.cycles - result.stats.cycles_by_g.get(0, 0)
+    assert drafted > 0.35 * result.stats.cycles, result.stats.cycles_by_g
+
+
 def test_a_probe_between_plain_steps_costs_what_the_loop_paid_around_it():
     """A probe is a drafting step alone between plain ones: never timed as a step (its
     neighbours differ), but charged what the three intervals around it took over three plain

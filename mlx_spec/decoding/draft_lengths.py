@@ -23,7 +23,7 @@ keep watching). So a row may draft 0 beside rows that draft 6, and where the pas
 compute-bound as the batch grows (T grows with L), drafting stops by itself.
 
 On a machine whose speed drifts, times taken at different moments drift apart: a time weighs
-less the older it is, and a plain step is timed again while rows draft (`_retiming_plain`).
+less the older it is, and a length the choice avoids is timed again now and then (retiming.py).
 
 The line is only a guess: a pass's cost can jump between two lengths (matmul kernels change with
 the number of rows), and at a = 1 the line always favours the longest draft. So the lengths next
@@ -35,17 +35,13 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
 from .lockstep import Lockstep
-from .policy import DUE, AcceptanceStats, DraftLength, average, probe_terms
+from .policy import DUE, MIN_GAIN, AcceptanceStats, DraftLength, average, probe_terms
+from .retiming import Retiming
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
-MIN_GAIN = 0.05  # expected tokens a row's guesses must add for it to draft beside rows that gain more
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 STALE_DECAY = 0.99  # per step since a length was last timed: how much its old time still says
-RETIME_STEPS = 3  # plain steps in a row that time one plain step again (timed only between two of its shape)
-RETIME_OVERHEAD = 0.005  # the share of the time timing plain steps again may cost
-RETIME_BELOW = 1.5  # a choice this much faster than a plain step by the table: drift could not reverse it
-RETIME_AFTER = 32  # steps: a plain time younger is fresh enough (STALE_DECAY weighs it 0.72)
 
 
 class Ask(NamedTuple):
@@ -71,7 +67,7 @@ class DraftLengths:
         # not seconds: every rank of a group counts them alike.
         self.steps = 0
         self.last_timed: Dict[Tuple[int, int], int] = {}  # (rows, positions) -> the step it was last timed at
-        self.retime: Dict[int, int] = {}  # rows -> plain steps still to run that time a plain step again
+        self.retiming = Retiming()  # the lengths the choice avoids, timed again now and then
         self.explored: Dict[Tuple[int, int], int] = {}
         # What a probe (a drafting step alone between plain ones) costs over a plain step, as
         # the loop measures it (step_clock.py): (rows, positions) -> seconds.
@@ -114,18 +110,21 @@ class DraftLengths:
         floor = max((g for _, g in others), default=0)
         limit = max(cap for _, _, cap in deciders)
         best = self._neighbour(batch, self.fastest(batch, deciders, others), limit, floor)
-        if best == 0 or (floor == 0 and self._retiming_plain(batch, deciders, len(others), best)):
+        instead = self.retiming.instead(self, batch, deciders, len(others), best) if floor == 0 else None
+        best = best if instead is None else instead
+        if best == 0:
             return [0] * len(deciders)
         gains = [policy.stats.expected_tokens(min(best, cap)) - 1 for _, policy, cap in deciders]
         return [0 if gain < MIN_GAIN <= max(gains) else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
 
-    def fastest(self, batch: int, deciders, others=()) -> int:
+    def fastest(self, batch: int, deciders, others=(), shortest: int = 0) -> int:
         """The common g of the deciding rows ((index, policy, cap) each) with the most expected
         tokens per second for the batch, the shortest on a tie, in one pass (this runs every
-        step, and a plain step of a small model takes a few milliseconds). `others`: the other
-        stepping rows' (policy or None, g). A step's time: `step_times`. Where
-        no guess of theirs is expected to be kept, none (only noise makes a draft look cheaper
-        than a plain step), without weighing the lengths: at zero acceptance this is every step."""
+        step, and a plain step of a small model takes a few milliseconds); none shorter than
+        `shortest`. `others`: the other stepping rows' (policy or None, g). A step's time:
+        `step_times`. Where no guess of theirs is expected to be kept, none (only noise makes a
+        draft look cheaper than a plain step), without weighing the lengths: at zero acceptance
+        this is every step."""
         floor = max((g for _, g in others), default=0)
         settled = sum(p.stats.expected_tokens(g) if p is not None else 1.0 for p, g in others)
         limit = max(cap for _, _, cap in deciders)
@@ -135,7 +134,7 @@ class DraftLengths:
         best, best_rate = 0, -1.0
         for g, seconds in enumerate(self.step_times(batch, [max(g, floor) + 1 for g in range(limit + 1)])):
             rate = (settled + sum(curve[min(g, cap)] for curve, cap in curves)) / seconds
-            if rate > best_rate:
+            if rate > best_rate and g >= shortest:
                 best, best_rate = g, rate
         return best
 
@@ -155,35 +154,6 @@ class DraftLengths:
             longer = [t for timed, t in known if timed > p]
             times.append(min([measured if measured is not None else line(p), *longer]))
         return times
-
-    def _retiming_plain(self, batch: int, deciders, others: int, g: int) -> bool:
-        """Whether this step is one of RETIME_STEPS plain ones that time a plain step again,
-        where the deciding rows would draft g (`others` other rows step plain). A length the
-        choice avoids is not timed, so while rows draft, the plain step keeps the time it had
-        when they began (on a machine whose speed drifts, perhaps a slow spell's, which makes
-        drafting look better than it is). Timed again once the rows have drafted, and the plain
-        step gone untimed, for as long as costs RETIME_OVERHEAD of the time (a plain step in place
-        of g at R times its rate loses 1 - 1/R of a step); never where R >= RETIME_BELOW, nor in
-        a request's first RETIME_AFTER cycles (its probe and climb, prompt lookup's best chance)."""
-        left = self.retime.get(batch, 0)
-        if left > 0:
-            self.retime[batch] = left - 1
-            return True
-        plain = self.last_timed.get((batch, 1))
-        if plain is None:
-            return False
-        curves = [(policy.stats.expected_curve(g), cap) for _, policy, cap in deciders]
-        times = self.step_times(batch, [1, g + 1])
-        tokens = others + sum(curve[min(g, cap)] for curve, cap in curves)
-        rate = tokens / times[1] / ((others + len(curves)) / times[0])  # g's tokens per second over plain's
-        if rate >= RETIME_BELOW:
-            return False
-        every = max(RETIME_AFTER, RETIME_STEPS * (1 - 1 / max(rate, 1.0)) / RETIME_OVERHEAD)
-        drafted = min(policy.drafting_streak for _, policy, _ in deciders)
-        if drafted < every or self.steps - plain < every:
-            return False
-        self.retime[batch] = RETIME_STEPS - 1
-        return True
 
     def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths

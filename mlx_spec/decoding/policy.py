@@ -37,6 +37,7 @@ MAX_PROBE_INTERVAL = 128  # plain cycles
 FIRST_PROBE = 2  # guesses of a request's first cycle
 PROBE_OVERHEAD = 0.01  # the share of the time probing may cost
 PROBE_WEIGHT = 0.3  # at least this weight for a probe's news (rare news about content that may have changed)
+MIN_GAIN = 0.05  # expected tokens a row's guesses must add to be worth drafting (draft_lengths.py, retiming.py)
 READY, DUE = 1, 2  # a row's probe may go out in a step another row probes in; must go out now
 
 
@@ -209,7 +210,7 @@ class DraftLength:
         # while the current one runs: it must not probe twice for one).
         self.probe_out = False
         self.plain_streak = 0
-        self.drafting_streak = 0  # cycles in a row chosen with guesses (draft_lengths.py times a plain step again)
+        self.cycles = 0  # settled (retiming.py leaves a request's first cycles alone)
         self.backoff = 1  # multiplies the probe interval: doubled by each probe that keeps nothing
 
     @property
@@ -286,7 +287,7 @@ class DraftLength:
         probe that is out alone."""
         asked = g if asked is None else asked
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
-        self.drafting_streak = self.drafting_streak + 1 if asked > 0 else 0
+        self.cycles += 1
         probing = asked > 0 and asked == self.probe
         self.stats.observe(g, kept, PROBE_WEIGHT if probing else None)
         if self.prior is not None:
