@@ -113,6 +113,19 @@ def test_the_neighbours_steps_are_timed_in_a_real_run(engine, prompt, reference,
     assert {(1, 9), (1, 8)} <= set(engine.draft_lengths.seconds), engine.draft_lengths.table()
 
 
+def run_on_an_old_table(engine, prompt, reference, monkeypatch, lengths, break_probability):
+    """A request in the real loop (which decides which steps are timed) on `lengths`, a table
+    a thousand steps old; its steps' seconds modelled (a step of L positions takes
+    1 + 0.5 (L - 1)), its guesses scripted and seeded. Its tokens are the reference's."""
+    lengths.steps = 1000
+    modelled_step_times(monkeypatch, per_position=0.5, every_step=False)
+    monkeypatch.setattr(engine, "draft_lengths", lengths)
+    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=break_probability, seed=2)
+    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
+    assert result.tokens == reference[len(prompt) :]
+    return result
+
+
 def test_a_stale_plain_step_is_timed_again_in_a_real_run(engine, prompt, reference, monkeypatch):
     """The loop decides which steps are timed (a step between two of its shape): the plain
     steps that time a plain step again run three in a row, so that one of them is. The table's
@@ -122,12 +135,7 @@ def test_a_stale_plain_step_is_timed_again_in_a_real_run(engine, prompt, referen
     lengths = DraftLengths()
     lengths.observe(1, 1, 1.27)
     lengths.observe(1, 2, 1.5)
-    lengths.steps = 1000
-    modelled_step_times(monkeypatch, per_position=0.5, every_step=False)
-    monkeypatch.setattr(engine, "draft_lengths", lengths)
-    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.7, seed=2)
-    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
-    assert result.tokens == reference[len(prompt) :]
+    result = run_on_an_old_table(engine, prompt, reference, monkeypatch, lengths, break_probability=0.7)
     assert lengths.seconds[(1, 1)] == pytest.approx(1.0, abs=0.05), lengths.table()
     assert result.stats.cycles_by_g.get(0, 0) > 0.3 * result.stats.cycles, result.stats.cycles_by_g
 
@@ -144,12 +152,7 @@ def test_a_drafting_length_timed_in_a_slow_spell_is_timed_again_while_the_reques
     for positions in range(2, 10):
         lengths.observe(1, positions, 1.7 * (1 + 0.5 * (positions - 1)))
     lengths.observe(1, 1, 1.0)
-    lengths.steps = 1000
-    modelled_step_times(monkeypatch, per_position=0.5, every_step=False)
-    monkeypatch.setattr(engine, "draft_lengths", lengths)
-    drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=0.2, seed=2)
-    result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)
-    assert result.tokens == reference[len(prompt) :]
+    result = run_on_an_old_table(engine, prompt, reference, monkeypatch, lengths, break_probability=0.2)
     assert lengths.seconds[(1, 3)] == pytest.approx(2.0, abs=0.05), lengths.table()
     drafted = result.stats.cycles - result.stats.cycles_by_g.get(0, 0)
     assert drafted > 0.35 * result.stats.cycles, result.stats.cycles_by_g

@@ -206,9 +206,7 @@ class DraftLength:
         # alone, not the assistant: where the engine's assistant guesses are not worth a probe
         # (draft_lengths.py), a request's first probe asks only whether its text repeats itself.
         self.free_only = False
-        # Whether the probe was handed out and has not settled yet (the next cycle is chosen
-        # while the current one runs: it must not probe twice for one).
-        self.probe_out = False
+        self.probe_out = False  # handed out, not settled (the next cycle is chosen while this one runs)
         self.plain_streak = 0
         self.cycles = 0  # settled (retiming.py leaves a request's first cycles alone)
         self.backoff = 1  # multiplies the probe interval: doubled by each probe that keeps nothing
