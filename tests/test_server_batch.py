@@ -73,6 +73,30 @@ def test_requests_sent_at_once_are_each_their_solo_answer(server, engine):
         assert ids(answers[i].choices[0].x_tokens) == engine.generate(ask(text), **options).tokens, text
 
 
+def test_streams_that_end_together_are_not_counted_dropped(server):
+    """Streamed answers read to their end, in rows of one batch: /health counts them served,
+    none dropped (a finished stream used to cancel its job before the worker saw it end)."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    server.wait_idle(timeout=60)
+    before, texts = server.health(), {}
+
+    def read(i, max_tokens):
+        stream = client.chat.completions.create(model=model, messages=ask(f"Story {i}"), max_tokens=max_tokens,
+                                                stream=True, extra_body={"mtp": i % 2 == 0})
+        texts[i] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+    threads = [threading.Thread(target=read, args=(i, 20 + 25 * i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    server.wait_idle(timeout=30)
+    after = server.health()
+    assert len(texts) == 3 and all(texts.values())
+    assert after["served"] == before["served"] + 3 and after["dropped"] == before["dropped"], (before, after)
+
+
 def test_a_request_that_could_never_fit_is_refused_by_name(checkpoints):
     """A server whose memory leaves room for the K/V of a few hundred positions only."""
     from mlx_spec import load
@@ -95,30 +119,68 @@ def test_a_request_that_could_never_fit_is_refused_by_name(checkpoints):
         worker.close()
 
 
-def test_max_batch_one_answers_in_order(checkpoints, engine):
+@pytest.fixture(scope="module")
+def one_row(checkpoints):
     s = Server(checkpoints, "--max-batch", "1")
-    try:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-        model = client.models.list().data[0].id
-        long = client.chat.completions.create(model=model, messages=ask("What time is it?"), max_tokens=3000,
-                                              stream=True, extra_body={"mtp": False})
-        chunks = iter(long)
-        next(chunks)
-        queued = {}
-        thread = threading.Thread(target=lambda: queued.update(r=client.chat.completions.create(
-            model=model, messages=ask("Hi"), max_tokens=8, extra_body={"x_report": True})))
-        thread.start()
-        health = s.health()
-        for _ in range(200):
-            if health["waiting"] == 1:
-                break
-            health = s.health()
-        assert health["running"] == 1 and health["waiting"] == 1 and health["max_batch"] == 1
-        long.close()
-        thread.join(60)
-        assert ids(queued["r"].choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=8).tokens
-    finally:
-        s.stop()
+    yield s
+    s.stop()
+
+
+def test_max_batch_one_answers_in_order(one_row, engine):
+    client = openai.OpenAI(base_url=one_row.url + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    long = client.chat.completions.create(model=model, messages=ask("What time is it?"), max_tokens=3000,
+                                          stream=True, extra_body={"mtp": False})
+    chunks = iter(long)
+    next(chunks)
+    queued = {}
+    thread = threading.Thread(target=lambda: queued.update(r=client.chat.completions.create(
+        model=model, messages=ask("Hi"), max_tokens=8, extra_body={"x_report": True})))
+    thread.start()
+    health = one_row.health()
+    for _ in range(200):
+        if health["waiting"] == 1:
+            break
+        health = one_row.health()
+    assert health["running"] == 1 and health["waiting"] == 1 and health["max_batch"] == 1
+    long.close()
+    thread.join(60)
+    assert ids(queued["r"].choices[0].x_tokens) == engine.generate(ask("Hi"), max_tokens=8).tokens
+
+
+def test_a_stream_left_while_it_waits_in_pings_gives_its_place_up(one_row):
+    """Anthropic's streams open with pings while the prompt waits (Claude Code's long prompts):
+    a client that leaves then (Esc) ends its request at once. It leaves the line while the
+    answer ahead of it still runs, rather than take the row at that answer's end and decode its
+    budget for nobody. /health counts it dropped (the answer read to its end is not), and an
+    idle batch decodes 0 tokens a second."""
+    client = openai.OpenAI(base_url=one_row.url + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    one_row.wait_idle(timeout=60)
+    before, ended = one_row.health(), {}
+    # 2,128 tokens before the tiny model's end of turn, about 11 s on this project's CPU
+    ahead = client.chat.completions.create(model=model, messages=ask("Tell me a long story."), max_tokens=4000,
+                                           stream=True, extra_body={"mtp": False})
+    chunks = iter(ahead)
+    next(chunks)
+    reader = threading.Thread(target=lambda: ended.update(reason=[c.choices[0].finish_reason for c in chunks if c.choices][-1]))
+    reader.start()
+    body = {"model": model, "max_tokens": 2000, "stream": True, "messages": ask("Hi")}
+    with httpx.stream("POST", one_row.url + "/v1/messages", json=body, timeout=60) as waiting:
+        lines = waiting.iter_lines()
+        assert next(line for line in lines if line.startswith("event:")) == "event: ping"
+        assert one_row.health()["waiting"] == 1 and not ended
+    deadline, health = time.monotonic() + 20, one_row.health()
+    while health["waiting"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        health = one_row.health()
+    assert health["waiting"] == 0 and not ended, (health, ended)  # it left while the answer ahead ran
+    reader.join(120)
+    assert ended == {"reason": "stop"}
+    one_row.wait_idle(timeout=20)
+    after = one_row.health()
+    assert after["served"] == before["served"] + 2 and after["dropped"] == before["dropped"] + 1, after
+    assert after["batch"]["rows"] == 0 and after["batch"]["tokens_per_second"] == 0.0, after
 
 
 def test_bad_max_batch_is_refused(checkpoints):

@@ -69,7 +69,11 @@ def stream_response(body) -> StreamingResponse:
 
 
 async def pinged(job, first, events: AsyncIterator, form, include_usage: bool):
-    """A stream opened before the prompt is in: pings until it is, then the answer."""
+    """A stream opened before the prompt is in: pings until it is, then the answer. From its
+    first ping the stream is the job's only watcher, so whatever ends it before the answer
+    starts (the client left, an error) cancels the job: a request still waiting for a row, or
+    in its prompt, would otherwise run to its last token for nobody, holding a row and its K/V."""
+    started = None
     try:
         while True:
             finished, _ = await asyncio.wait({first}, timeout=form.ping_after)
@@ -82,8 +86,15 @@ async def pinged(job, first, events: AsyncIterator, form, include_usage: bool):
     except (SettingsError, TemplateError, APIError) as e:
         error = e if isinstance(e, APIError) else APIError(400, str(e), code="invalid_value")
         yield encode(form, form.error_event(error))
-        job.cancel()
         return
+    except Exception:  # after the headers, an error can only be told in the stream
+        LOG.exception("a streamed prompt failed")
+        yield encode(form, form.error_event(failed()))
+        return
+    finally:
+        if started is None:
+            first.cancel()
+            job.cancel()
     async for chunk in sse(job, events, form, started, include_usage):
         yield chunk
 
@@ -92,6 +103,7 @@ async def sse(job, events: AsyncIterator, form, started: Started, include_usage:
     """Server-sent events: the form's chunks, then its end marker. Starlette cancels this
     generator when the client disconnects; the job is cancelled with it and the model is free
     at once."""
+    done = False
     try:
         for chunk in form.first_chunks(started):
             yield encode(form, chunk)
@@ -100,6 +112,7 @@ async def sse(job, events: AsyncIterator, form, started: Started, include_usage:
                 for chunk in form.token_chunks(event):
                     yield encode(form, chunk)
             elif isinstance(event, Done):
+                done = True  # (the answer is whole: the job is not cancelled, nor counted dropped)
                 for chunk in form.last_chunks(started.prompt_tokens, event, include_usage):
                     yield encode(form, chunk)
                 if form.done_marker:
@@ -111,10 +124,14 @@ async def sse(job, events: AsyncIterator, form, started: Started, include_usage:
         yield encode(form, form.error_event(e))
     except Exception:  # after the headers, an error can only be told in the stream
         LOG.exception("a streamed answer failed")
-        error = APIError(500, "generation failed; the server's log has the details", type="server_error")
-        yield encode(form, form.error_event(error))
+        yield encode(form, form.error_event(failed()))
     finally:
-        job.cancel()
+        if not done:
+            job.cancel()
+
+
+def failed() -> APIError:
+    return APIError(500, "generation failed; the server's log has the details", type="server_error")
 
 
 def cancelled(form) -> Response:

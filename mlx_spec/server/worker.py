@@ -262,9 +262,12 @@ class Worker:
         alive = {id(t.info["job"]) for t in together.tasks}
         for job in [j for j in self.running if id(j) not in alive]:
             self._finish(job)
+        rows = len(together.batch.rows)
+        # An idle batch decodes nothing: its rate over the last seconds would stay on /health
+        # until the next request, as the worker waits for one without another turn.
+        rate = round(together.batch.tokens_per_second, 1) if rows else 0.0
         with self._lock:
-            self.snapshot = {"rows": len(together.batch.rows), "tokens_per_second": round(together.batch.tokens_per_second, 1),
-                             "steps": together.batch.steps}
+            self.snapshot = {"rows": rows, "tokens_per_second": rate, "steps": together.batch.steps}
             self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
 
     def _finish(self, job: Job) -> None:
