@@ -163,3 +163,93 @@ def test_messages_that_cannot_be_translated_are_named(message, words):
     request = CreateMessage.model_validate(claude_request(messages=[{"role": "user", "content": "Hi"}, message]))
     with pytest.raises(ValueError, match=words):
         request.to_chat()
+
+
+def test_a_tool_result_s_image_follows_the_tool_messages_as_a_user_image():
+    """Claude Code's Read of an image returns it in the tool_result; Google's template writes a
+    tool response's text only, so the image follows the results, where the model sees it."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    messages = [
+        {"role": "user", "content": "Look at both"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a.png"}},
+                                          {"type": "tool_use", "id": "t2", "name": "Read", "input": {"path": "b.txt"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [image]},
+                                     {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "hi"}]}]},
+    ]
+    chat = CreateMessage.model_validate(claude_request(messages=messages, system=None)).to_chat()
+    first, second, shown = chat.messages[-3:]
+    assert first == {"role": "tool", "tool_call_id": "t1", "content": ""}
+    assert second == {"role": "tool", "tool_call_id": "t2", "content": "hi"}
+    assert shown == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+
+
+def test_a_function_call_output_s_image_follows_the_outputs_as_a_user_image():
+    """Codex's view_image returns the image in its function_call_output."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    turn = codex_request()["input"] + [
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": '{"path": "a.png"}'},
+        {"type": "function_call", "call_id": "c2", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "a.png"}, image]},
+        {"type": "function_call_output", "call_id": "c2", "output": "README.md"},
+        {"type": "message", "role": "user", "content": "And now?"},
+    ]
+    chat, _ = ResponsesRequest.model_validate(codex_request(input=turn)).to_chat()
+    assert [m["role"] for m in chat.messages[-5:]] == ["assistant", "tool", "tool", "user", "user"]
+    assert chat.messages[-4]["content"] == "a.png" and chat.messages[-3]["content"] == "README.md"
+    assert chat.messages[-2]["content"] == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+
+
+def test_a_thought_without_a_call_stays_in_its_own_turn():
+    """A reasoning item before an answer (no call) is that answer's: a later turn's call does not
+    take it (the template would write it into the new turn, and the prompt cache would miss)."""
+    turn = codex_request()["input"] + [
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "OLD"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        {"type": "message", "role": "user", "content": "Now list them"},
+        {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "x"},
+    ]
+    chat, _ = ResponsesRequest.model_validate(codex_request(input=turn)).to_chat()
+    assert "reasoning" not in chat.messages[-2] and chat.messages[-2]["tool_calls"]
+
+
+def test_without_a_thinking_setting_the_server_s_default_holds():
+    """`serve --thinking` is the default of requests that leave it out, in every dialect."""
+    from mlx_spec.options import Options
+
+    thinking = Options(thinking=True)
+    request = dict(claude_request())
+    del request["thinking"]
+    assert CreateMessage.model_validate(request).to_chat().options(thinking).thinking is True
+    assert CreateMessage.model_validate(claude_request(thinking={"type": "disabled"})).to_chat().options(thinking).thinking is False
+    chat, _ = ResponsesRequest.model_validate(codex_request(reasoning=None)).to_chat()
+    assert chat.options(thinking).thinking is True and chat.options(Options()).thinking is False
+    chat, _ = ResponsesRequest.model_validate(codex_request(reasoning={"effort": "none"})).to_chat()
+    assert chat.options(thinking).thinking is False
+
+
+DEEP = "[" * 100000
+
+
+@pytest.mark.parametrize("item, words", [
+    ({"type": "message", "role": ["user"], "content": "x"}, "role must be one of"),
+    ({"type": "reasoning", "content": 5}, "must be lists of parts"),
+    ({"type": "function_call", "name": "f", "call_id": "c", "arguments": DEEP}, "nested deeper than 64"),
+    ({"type": "function_call", "name": "f", "call_id": "c", "arguments": '{"a": NaN}'}, "not finite"),
+])
+def test_input_of_the_wrong_shape_is_named_not_a_server_error(item, words):
+    """Each of these raised a TypeError or a RecursionError: a 500."""
+    with pytest.raises(ValueError, match=words):
+        ResponsesRequest.model_validate(codex_request(input=[{"role": "user", "content": "Hi"}, item])).to_chat()
+
+
+def test_a_tool_result_too_deep_for_the_template_is_its_text():
+    """A tool result that is JSON is rendered natively, unless it nests deeper than a body may:
+    then it is the text it is (the template renders a value recursively)."""
+    deep = '{"a":' * 900 + "1" + "}" * 900
+    results = [deep, '{"a": {"b": 1}}', DEEP]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}} for i in range(3)]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": r} for i, r in enumerate(results)]}]
+    chat = CreateMessage.model_validate(claude_request(messages=messages, system=None)).to_chat()
+    assert [m["content"] for m in chat.messages[-3:]] == [deep, {"a": {"b": 1}}, DEEP]

@@ -76,6 +76,27 @@ def test_deep_nesting_is_refused(server):
     refused(post(server, {"messages": [nested]}), "nested deeper than")
 
 
+def test_json_nested_deep_inside_strings_is_text_or_a_400(server):
+    """JSON a string holds (a call's arguments, a tool's result) is read with the body's bounds:
+    each of these was a 500 (the parser's recursion, or the template's rendering the value)."""
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+    nested = '{"a":' * 200 + "1" + "}" * 200
+    user = {"role": "user", "content": "Hi"}
+    ok = post(server, chat(messages=[user, call, {"role": "tool", "tool_call_id": "c", "content": nested}], tools=[TOOL]))
+    assert ok.status_code == 200, ok.text  # the result as the text it is
+    deep_call = {**call, "tool_calls": [{**call["tool_calls"][0], "function": {"name": "get_time", "arguments": "[" * 100_000}}]}
+    refused(post(server, chat(messages=[user, deep_call], tools=[TOOL])), "nested deeper than 64")
+    tool_use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "get_time", "input": {}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": nested}]}
+    answer = post(server, {"model": "tiny-gemma", "max_tokens": 4, "messages": [user, tool_use, result]}, "/v1/messages")
+    assert answer.status_code == 200, answer.text
+    for item in ({"type": "message", "role": ["user"], "content": "x"}, {"type": "reasoning", "content": 5},
+                 {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000}):
+        r = post(server, {"model": "tiny-gemma", "input": [{"role": "user", "content": "Hi"}, item]}, "/v1/responses")
+        assert r.status_code == 400 and r.json()["error"]["message"], r.text
+
+
 def test_a_lone_surrogate_is_refused(server):
     body = '{"messages":[{"role":"user","content":"a\\ud800b"}],"max_tokens":4}'
     refused(post(server, body), "lone surrogate", "messages[0].content")

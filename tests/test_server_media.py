@@ -150,3 +150,38 @@ def test_files_and_urls_only_with_their_flags(pair, tmp_path):
     finally:
         s.stop()
         site.shutdown()
+
+
+def test_an_image_a_tool_returns_is_seen_in_both_agent_dialects(server, engine):
+    """Claude Code's Read and Codex's view_image return an image in the tool's result. It reaches
+    the model after the tool's response (Google's template writes a response's text only), with
+    the official anthropic and openai clients, as `Engine.generate` answers the same turn."""
+    import anthropic
+
+    data = base64.b64encode(png_bytes(seed=5)).decode()
+    call = {"id": "t1", "type": "function", "function": {"name": "read", "arguments": {"path": "a.png"}}}
+    chat = [{"role": "user", "content": "Open a.png"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "t1", "content": "a.png"},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}}]}]
+    expected = engine.generate(chat, max_tokens=12, image_tokens=IMAGE_TOKENS)
+    tokens, spans = engine.prepare(chat, image_tokens=IMAGE_TOKENS)
+    assert [s.item.kind for s in spans] == ["image"]
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    message = claude.messages.create(model="12b", max_tokens=12, messages=[  # the server greedy by default
+        {"role": "user", "content": "Open a.png"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "a.png"}, image]}]}])
+    assert "".join(b.text for b in message.content if b.type == "text") == expected.text
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == len(tokens)
+
+    codex = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    response = codex.responses.create(model="12b", max_output_tokens=12, temperature=0, input=[
+        {"role": "user", "content": "Open a.png"},
+        {"type": "function_call", "call_id": "t1", "name": "read", "arguments": '{"path": "a.png"}'},
+        {"type": "function_call_output", "call_id": "t1", "output": [
+            {"type": "input_text", "text": "a.png"},
+            {"type": "input_image", "image_url": "data:image/png;base64," + data}]}])
+    assert response.output_text == expected.text and response.usage.input_tokens == len(tokens)

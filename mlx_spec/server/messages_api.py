@@ -61,7 +61,8 @@ class MessagesRequest(Described, BaseModel):
             "model": self.model, "messages": messages_of(self.system, self.messages),
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "mtp": self.mtp,
             "x_report": self.x_report, "stop": self.stop_sequences or None,
-            "thinking": (self.thinking or {}).get("type") in ("enabled", "adaptive"),
+            # no `thinking`: the server's default (`serve --thinking`)
+            "thinking": None if self.thinking is None else self.thinking.get("type") in ("enabled", "adaptive"),
             "tools": tools or None, "tool_choice": tool_choice if tools and tool_choice else None,
         }
         return {k: v for k, v in body.items() if v is not None}
@@ -114,7 +115,8 @@ def _blocks(content: List[Any], where: str):
 
 def _user(content: List[Any], where: str) -> List[Dict[str, Any]]:
     """A user turn: its tool results as tool messages first (they answer the calls before them),
-    then its text and images as one user message."""
+    then its text and images as one user message. A tool result's images (Claude Code's Read of
+    an image) go there too: Google's template writes a tool response's text only."""
     results, parts = [], []
     for at, block in _blocks(content, where):
         kind = block["type"]
@@ -122,7 +124,9 @@ def _user(content: List[Any], where: str) -> List[Dict[str, Any]]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise ValueError(f"{at}.tool_use_id must be a string")
             text = block.get("content", "")
-            text = text if isinstance(text, str) else _text(text, at + ".content")
+            if not isinstance(text, str):
+                text, shown = _result(text, at + ".content")
+                parts += shown
             if block.get("is_error"):
                 text = json.dumps({"error": text}, ensure_ascii=False)  # rendered `response:NAME{error:...}`
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
@@ -174,6 +178,21 @@ def _image(block: Dict[str, Any], where: str) -> Dict[str, Any]:
     if source.get("type") == "url" and isinstance(source.get("url"), str):
         return {"type": "image_url", "image_url": {"url": source["url"]}}  # fetched only with --allow-fetch
     raise ValueError(f"{where}.source must be {{type: base64, media_type, data}} or {{type: url, url}}")
+
+
+def _result(blocks: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
+    """A tool result's blocks: their text, and their images as chat parts."""
+    if not isinstance(blocks, list):
+        raise ValueError(f"{where} must be a string or a list of text and image blocks")
+    texts, images = [], []
+    for at, block in _blocks(blocks, where):
+        if block["type"] == "text":
+            texts.append(str(block.get("text", "")))
+        elif block["type"] == "image":
+            images.append(_image(block, at))
+        else:
+            raise ValueError(f"{at}: only text and image blocks are taken in a tool result")
+    return "".join(texts), images
 
 
 def _text(blocks: Any, where: str) -> str:

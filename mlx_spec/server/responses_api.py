@@ -9,11 +9,11 @@ nothing needs storing), `developer` messages beside `instructions`, and tools ml
 JSON format, a stored previous response) is refused by name.
 """
 
-import json
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
+from .json_values import loads
 from .schemas import ChatRequest, Described
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -58,9 +58,11 @@ class ResponsesRequest(Described, BaseModel):
         return self
 
     @property
-    def thinking(self) -> bool:
-        effort = (self.reasoning or {}).get("effort", "medium") if self.reasoning is not None else None
-        return effort not in (None, "none")
+    def thinking(self) -> Optional[bool]:
+        """Any effort turns Gemma's thinking on, "none" off; no `reasoning`: the server's default."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.get("effort", "medium") not in (None, "none")
 
     def function_tools(self) -> Tuple[List[Dict[str, Any]], List[str]]:
         """The function tools as chat tools, and the types of the others (left out of the prompt)."""
@@ -96,16 +98,22 @@ def messages_of(instructions: Optional[str], input: Union[str, List[Dict[str, An
     system = [instructions] if instructions else []
     out: List[Dict[str, Any]] = []
     reasoning: Optional[str] = None
+    images: List[Dict[str, Any]] = []  # of the function call outputs just read (below)
     for i, item in enumerate([{"type": "message", "role": "user", "content": input}] if isinstance(input, str) else input):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where} must be an object")
         kind = item.get("type", "message")
+        if images and kind != "function_call_output":
+            out.append({"role": "user", "content": images})
+            images = []
         if kind == "message":
-            role = ROLES.get(item.get("role"))
+            role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
             if role is None:
                 raise ValueError(f"{where}.role must be one of {', '.join(ROLES)}")
             content = _content(item.get("content"), where)
+            if role != "assistant":  # a new turn: a thought not yet given to a call was its answer's
+                reasoning = None
             if role == "system":
                 system.append(content if isinstance(content, str) else _text_only(content, where))
             else:
@@ -122,14 +130,16 @@ def messages_of(instructions: Optional[str], input: Union[str, List[Dict[str, An
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ValueError(f"{where}.call_id must be a string")
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text_only(_content(output, where), where)
+            text, shown = _output(item.get("output"), where)
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            images += shown
         elif kind == "reasoning":
-            reasoning = _reasoning_text(item) or reasoning
+            reasoning = _reasoning_text(item, where) or reasoning
         else:
             raise ValueError(f"{where}: items of type {kind!r} are not supported (messages, function_call, "
                              "function_call_output and reasoning are)")
+    if images:
+        out.append({"role": "user", "content": images})
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(s for s in system if s)})
     if not any(m["role"] in ("user", "tool") for m in out):
@@ -161,6 +171,18 @@ def _content(content: Any, where: str) -> Union[str, List[Dict[str, Any]]]:
     return parts
 
 
+def _output(output: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
+    """A function call output: its text, and its images (Codex's view_image returns one). Google's
+    template writes a tool response's text only, so the images follow the outputs as a user turn
+    of their own, which the model sees as it sees any image (a 400 names a model without a vision
+    tower)."""
+    content = output if isinstance(output, str) else _content(output, where)
+    if isinstance(content, str):
+        return content, []
+    text = "".join(p["text"] for p in content if p["type"] == "text")
+    return text, [p for p in content if p["type"] != "text"]
+
+
 def _text_only(content: Union[str, List[Dict[str, Any]]], where: str) -> str:
     if isinstance(content, str):
         return content
@@ -174,14 +196,13 @@ def _function_call(item: Dict[str, Any], where: str) -> Dict[str, Any]:
         raise ValueError(f"{where}: a function_call needs name and call_id")
     arguments = item.get("arguments", "{}")
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            raise ValueError(f"{where}.arguments is not valid JSON") from None
+        arguments = loads(arguments, f"{where}.arguments", f"{where}.arguments") if arguments.strip() else {}
     return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
 
 
-def _reasoning_text(item: Dict[str, Any]) -> str:
+def _reasoning_text(item: Dict[str, Any], where: str) -> str:
     """The thought a reasoning item gives back (its text, else its summary)."""
     parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise ValueError(f"{where}: a reasoning item's content and summary must be lists of parts")
     return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))

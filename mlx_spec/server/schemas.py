@@ -8,13 +8,13 @@ cannot honour with exact decoding (n > 1, penalties, logit bias, forced tool cho
 modes, echo) is refused by name rather than silently dropped.
 """
 
-import json
 from typing import Any, Dict, List, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
+from .json_values import Refused, loads
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 
@@ -232,11 +232,11 @@ def _tool_call(call: Any, index: int) -> Dict[str, Any]:
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise ValueError(f"messages[{index}].tool_calls: each call needs function.name")
     arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON") from None
+    if isinstance(arguments, str) and arguments.strip():
+        where = f"messages[{index}].tool_calls"
+        arguments = loads(arguments, where, f"{where}: the arguments string")
+    elif isinstance(arguments, str):
+        arguments = {}
     if not isinstance(arguments, dict):
         raise ValueError(f"messages[{index}].tool_calls: arguments must be a JSON object")
     return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
@@ -285,10 +285,11 @@ def _schema(schema: Any, where: str) -> None:
 
 
 def _json_or_text(content: str) -> Any:
-    """A tool result that is a JSON object is rendered natively (`response:NAME{key:value}`)."""
+    """A tool result that is a JSON object is rendered natively (`response:NAME{key:value}`);
+    anything else, JSON nested too deep for the template included, as the text it is."""
     try:
-        value = json.loads(content)
-    except ValueError:
+        value = loads(content, "a tool result", "a tool result")
+    except Refused:
         return content
     return value if isinstance(value, dict) else content
 

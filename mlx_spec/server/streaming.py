@@ -52,11 +52,11 @@ async def answer(request: Request, job, form, stream: bool, include_usage: bool 
                 tokens.append(event)
             elif isinstance(event, Done):
                 return JSONResponse(form.completion(started.prompt_tokens, tokens, event))
-        return cancelled(form)
+        raise cancelled()
     except (SettingsError, TemplateError) as e:  # impossible settings, messages the template refuse
         raise APIError(400, str(e), code="invalid_value") from None
     except StopAsyncIteration:  # cancelled before it started
-        return cancelled(form)
+        raise cancelled()
     except asyncio.CancelledError:  # the server is stopping this request
         job.cancel()
         raise
@@ -134,10 +134,10 @@ def failed() -> APIError:
     return APIError(500, "generation failed; the server's log has the details", type="server_error")
 
 
-def cancelled(form) -> Response:
-    error = APIError(503, "The request was cancelled: the client left or the server is shutting down.",
-                     type="server_error")
-    return JSONResponse(form.error_event(error), status_code=503)
+def cancelled() -> APIError:
+    """Raised, the app answers it in the route's dialect (a stream's error event is not a body)."""
+    return APIError(503, "The request was cancelled: the client left or the server is shutting down.",
+                    type="server_error")
 
 
 def encode(form, obj: Dict[str, Any]) -> str:
