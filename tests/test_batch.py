@@ -321,6 +321,57 @@ def test_a_row_whose_reader_has_not_read_sits_the_step_out(engine):
     assert [got_a, got_b] == solo
 
 
+def test_a_reader_two_steps_behind_that_leaves_fails_no_one(engine):
+    """A row that kept all 16 guesses in the two steps its reader left unread (34 tokens) sits
+    out while the other row's passes write past them: leaving, it could not go back that far,
+    and its trim failed every row of the batch (found by a review). It now takes back what its
+    caches can give back, goes back to the prompt cache consistent (a follow-up resumes to the
+    uncached answer), and the other row gives its solo tokens."""
+    prompts = [list(range(10, 40)), list(range(50, 90))]
+    solo = [engine.generate(p, max_tokens=120).tokens for p in prompts]
+    cache, together = PromptCache(engine.target, 10**9), Together(engine)
+    options = [Options(max_tokens=120, draft_tokens=g, drafter=ScriptedDrafter(p + s, tiny.VOCAB))
+               for g, p, s in zip((8, 16), prompts, solo)]
+    a, b = (iter(Generation(engine, p, o, batch=together.batch, cache=cache)) for p, o in zip(prompts, options))
+    assert next(a) is WAITING and next(b) is WAITING
+    got_a = []
+    for _ in range(4):  # b is never read
+        together.batch.step()
+        while (event := next(a)) is not WAITING:
+            got_a.append(event.token)
+    assert len(together.batch.rows[1].ready) == 34
+    b.close()
+    for event in a:
+        if event is WAITING:
+            together.batch.step()
+        else:
+            got_a.append(event.token)
+    assert got_a == solo[0]
+    follow = prompts[1] + solo[1][:3] + [5]
+    assert engine.generate(follow, max_tokens=6, cache=cache).tokens == engine.generate(follow, max_tokens=6).tokens
+
+
+def test_a_first_cycle_built_into_a_step_that_is_dropped_leaves_no_position_behind(engine):
+    """A one-token prompt joins while the only other row runs its last cycle: its first cycle
+    (alone) is built, and the step is dropped, as no stored row has a budget left. Its caches
+    went on one position ahead of its tokens for its whole stay (found by a review), a position
+    of its trim allowance lost. Without drafts each step queued ahead writes one position."""
+    together = Together(engine)
+    a = iter(Generation(engine, list(range(10, 30)), Options(max_tokens=2, mtp=False), batch=together.batch))
+    assert next(a) is WAITING
+    together.batch.step()
+    b = iter(Generation(engine, [5], Options(max_tokens=6, mtp=False), batch=together.batch))
+    assert next(b) is WAITING
+    got, ahead = [], []
+    for _ in range(9):
+        for events, tokens in ((a, []), (b, got)):
+            tokens.extend(event.token for event in iter(lambda: next(events, WAITING), WAITING))
+        ahead += [r.state.cached - (len(r.state.tokens) - 1) for r in together.batch.rows if r.state.in_batch]
+        together.batch.step()
+    assert got == engine.generate([5], max_tokens=6, mtp=False).tokens
+    assert ahead and set(ahead) == {1}, ahead
+
+
 def test_steps_are_built_ahead_and_give_the_tokens_built_after_each_sync(engine):
     """The pipelined batch builds each step while the one before it runs (rows count cycles
     built ahead) and gives the very tokens of a batch that builds every step after its sync."""

@@ -97,9 +97,7 @@ class Batch:
             return
         self.rows.remove(row)
         if row.ready:
-            row.state.take_back(len(row.ready), row.hidden)
-            row.decoder.stats.generated_tokens -= len(row.ready)
-            row.ready.clear()
+            self._take_back_unread(row)
         row.state.trim_to_settled()
         if row.state.in_batch:
             row.state.leave(self.caches)
@@ -107,6 +105,20 @@ class Batch:
             self._drop_upcoming()  # nothing of it is anyone's now
         row.decoder.stats.generation_seconds += time.perf_counter() - row.joined
         row.decoder.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+    @staticmethod
+    def _take_back_unread(row: Row) -> None:
+        """The tokens the reader did not take go back, as many as the caches can go back. A
+        reader two steps behind may hold two steps' worth while the passes the row sat out wrote
+        past them (every pass writes every row): past the trim allowance, the oldest stay in the
+        sequence, settled and consistent with its caches, rather than fail the batch."""
+        padding = row.state.cached - (len(row.state.tokens) - 1)  # a queued cycle's, cut after
+        room = row.state.cache[0].trim_room - padding if row.state.in_batch else len(row.ready)
+        back = max(0, min(len(row.ready), room))
+        keep = len(row.ready) - back
+        row.state.take_back(back, row.ready[keep - 1][1] if keep else row.hidden)
+        row.decoder.stats.generated_tokens -= back
+        row.ready.clear()
 
     @property
     def tokens_per_second(self) -> float:

@@ -103,6 +103,8 @@ class StepBuilder:
             raise RuntimeError(f"the batch's storage holds {len(self.caches)} rows, its rows {len(stored)}")
         members, positions, stages = (yield from self._together(stored, running)) if stored else ([], 0, [])
         if members is None:
+            for member in alone:  # built, not to run: its row's caches go back to its settled tokens
+                member.row.state.trim_to_settled()
             return None
         step = Step(alone + members, positions, len(stored), self.target.traces.made > before, running is not None, stages)
         return step if step.stepping else None

@@ -40,6 +40,12 @@ class BatchSlot:
     def trim(self, n: int) -> int:
         return self.caches.trim(self.index, n)
 
+    @property
+    def trim_room(self) -> int:
+        """How many of the newest positions `trim` can still drop."""
+        caches, i = self.caches, self.index
+        return max(0, min(caches.offsets[i], caches.offsets[i] - (caches.furthest[i] - caches.max_trim)))
+
     def is_trimmable(self) -> bool:
         return True
 
