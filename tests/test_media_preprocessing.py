@@ -89,6 +89,46 @@ def test_images_from_every_source_are_the_same_image(tmp_path):
         assert np.array_equal(np.asarray(read_image(source)), np.asarray(image))
 
 
+def test_a_photo_s_exif_orientation_is_applied_as_transformers_applies_it(tmp_path):
+    """A phone stores a portrait photo sideways, with an EXIF tag saying so: transformers'
+    `load_image` turns it upright, and so does read_image (from a file or its bytes); a PIL image
+    handed over is taken as it is, as transformers takes it."""
+    from transformers.image_utils import load_image
+
+    stored = picture(64, 32)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    path = tmp_path / "phone.jpg"
+    stored.save(path, format="JPEG", exif=exif.tobytes(), quality=95)
+    theirs = np.asarray(load_image(str(path)).convert("RGB"))
+    assert theirs.shape == (64, 32, 3)
+    for source in (path, path.read_bytes()):
+        assert np.array_equal(np.asarray(read_image(source)), theirs)
+    assert np.asarray(read_image(Image.open(path))).shape == (32, 64, 3)
+
+
+def test_image_arrays_of_one_channel_and_of_bad_shapes(tmp_path):
+    gray = np.asarray(picture(20, 10).convert("L"))
+    assert np.array_equal(np.asarray(read_image(gray[:, :, None])), np.asarray(read_image(gray)))
+    for bad in (np.zeros((4, 4, 5), np.uint8), np.zeros((0, 4, 3), np.uint8), np.zeros((4, 4, 2), np.uint8)):
+        with pytest.raises(MediaError, match="image array must be uint8"):
+            read_image(bad)
+    thin = tmp_path / "thin.png"
+    Image.new("L", (40_000, 1)).save(thin)  # within the megapixels, but resampling it takes gigabytes
+    with pytest.raises(MediaError, match="pixels a side"):
+        read_image(thin)
+
+
+def test_a_wav_cut_short_mid_frame_reads_its_whole_frames(tmp_path):
+    """A truncated upload ends mid-sample or mid-frame: the whole frames are read (it was a
+    ValueError from numpy: a 500 from the server)."""
+    clip = speech(0.05)
+    whole = wav_bytes(clip, channels=2, width=2)
+    for cut in (1, 3):
+        read = read_wav(whole[:-cut])
+        assert np.array_equal(read, read_wav(whole)[: read.size]) and read.size == clip.size - 1
+
+
 def test_bad_images_are_refused_by_name(tmp_path):
     with pytest.raises(MediaError, match=r"no such file"):
         read_image(tmp_path / "missing.png")

@@ -73,6 +73,7 @@ def read_wav(source: Union[str, Path, bytes], rate: int = SAMPLE_RATE) -> np.nda
         found, channels, width = handle.getframerate(), handle.getnchannels(), handle.getsampwidth()
         raw = handle.readframes(handle.getnframes())
     _check_rate(found, rate)
+    raw = raw[: len(raw) - len(raw) % (width * channels)]  # a file cut short ends mid-frame: not a sample
     if width == 1:
         samples = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128) / 128
     elif width in (2, 4):

@@ -23,6 +23,10 @@ from .resize import bicubic_antialiased
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 RESCALE = 1 / 255  # the image processors' rescale_factor
 MAX_PIXELS = 64_000_000  # larger images are refused (the largest budget uses about 0.3 megapixels)
+# Longer sides are refused too: a 1 x 64,000,000 image is within MAX_PIXELS, but shrinking its
+# long side to a budget's few thousand pixels weighs some 20,000 source pixels per output pixel
+# (gigabytes of resampling weights).
+MAX_SIDE = 32_768
 
 
 @dataclass
@@ -33,30 +37,46 @@ class ImagePatches:
 
 
 def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
-    """A PIL image in RGB from a path, encoded bytes, an array (H, W[, C], uint8) or a PIL image."""
+    """A PIL image in RGB from a path, encoded bytes, an array (H, W[, C], uint8; C of 1, 3 or
+    4) or a PIL image. A file's EXIF orientation is applied, as transformers' `load_image` does
+    (a phone's photo is stored sideways with a tag saying so); a PIL image is taken as it is."""
     Image, UnidentifiedImageError = _pillow()
+    from PIL import ImageOps
 
     try:
         if isinstance(source, Image.Image):
             image = source
-        elif isinstance(source, (bytes, bytearray)):
-            image = Image.open(io.BytesIO(source))
         elif isinstance(source, np.ndarray):
-            if source.dtype != np.uint8 or source.ndim not in (2, 3):
-                raise MediaError(f"an image array must be uint8 of shape (H, W) or (H, W, C), got {source.dtype} "
-                                 f"{source.shape}")
-            image = Image.fromarray(source)
+            image = Image.fromarray(_image_array(source))
         else:
-            path = Path(source).expanduser()
-            if not path.is_file():
-                raise MediaError(f"image {source}: no such file")
-            image = Image.open(path)
-        if image.width * image.height > MAX_PIXELS:
-            raise MediaError(f"a {image.width}x{image.height} image is over {MAX_PIXELS // 1_000_000} megapixels")
+            image = _opened(Image, source)
+        if image.width * image.height > MAX_PIXELS or max(image.size) > MAX_SIDE or min(image.size) < 1:
+            raise MediaError(f"a {image.width}x{image.height} image: images must have at most "
+                             f"{MAX_PIXELS // 1_000_000} megapixels, and 1 to {MAX_SIDE} pixels a side")
+        if not isinstance(source, (Image.Image, np.ndarray)):
+            image = ImageOps.exif_transpose(image)  # (after the size check: it decodes the image)
         image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise MediaError(f"not an image Pillow can read ({e})") from None
     return image.convert("RGB")
+
+
+def _opened(Image, source):
+    if isinstance(source, (bytes, bytearray)):
+        return Image.open(io.BytesIO(source))
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise MediaError(f"image {source}: no such file")
+    return Image.open(path)
+
+
+def _image_array(array: np.ndarray) -> np.ndarray:
+    shape = array.shape
+    if array.dtype != np.uint8 or array.ndim not in (2, 3) or (array.ndim == 3 and shape[2] not in (1, 3, 4)) \
+            or 0 in shape[:2]:
+        raise MediaError(f"an image array must be uint8 of shape (H, W) or (H, W, C) with C of 1, 3 or 4, and H "
+                         f"and W at least 1; got {array.dtype} {shape}")
+    return array[:, :, 0] if array.ndim == 3 and shape[2] == 1 else array
 
 
 def _pillow():
