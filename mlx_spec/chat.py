@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 from .decoding.reports import TokenReport
 from .decoding.sequence import SequenceState
 from .decoding.stats import Stats
+from .errors import SettingsError
 from .generation import Generation
 from .options import Options
 
@@ -46,8 +47,12 @@ class ChatSession:
         self.engine = engine
         self.system_prompt = system_prompt
         self.tools = tools
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise SettingsError(f"system_prompt must be a string, got {type(system_prompt).__name__} "
+                                "(options go by name: engine.chat(options=...))")
         # A long answer ends where the model's context does.
         self.options = options.but(fit_context=True)
+        self._check(self.options)
         self.last_result = None  # the GenerationResult of the last answer
         self.reset()
 
@@ -60,7 +65,14 @@ class ChatSession:
 
     def set(self, **settings) -> None:
         """Change settings for the next turns (e.g. mtp=False, thinking=True); the caches stay."""
-        self.options = self.options.but(**settings)
+        options = self.options.but(**settings)
+        self._check(options)
+        self.options = options
+
+    def _check(self, options: Options) -> None:
+        """Settings the model refuses (a top_k past its vocabulary, MTP without a drafter) fail
+        now, not at every turn. (A seed is given: a group's ranks would agree on one.)"""
+        self.engine.decoder(options.but(seed=0))
 
     @property
     def thinking(self) -> bool:
@@ -83,19 +95,25 @@ class ChatSession:
         """Add a user message (or message dicts, e.g. the results of the last answer's tool
         calls) and stream the answer.
 
-        `should_stop` is checked after every token; when it returns True the answer ends there
-        and the session stays consistent for the next turn.
+        `should_stop` is checked between the prompt's chunks and after every token; when it
+        returns True the answer ends there and the session stays consistent for the next turn.
+        Stopped before the answer began, the turn raises PromptStopped and is not kept, as a
+        turn that fails is not (the conversation is as it was before `send`).
         """
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         new = list(message) if isinstance(message, list) else [message]
+        if not new:
+            raise SettingsError("send needs a message: an empty list adds nothing to answer")
         options = self.options if max_tokens is None else self.options.but(max_tokens=max_tokens)
+        before = len(self.messages)
         self.messages.extend(new)
-        generation = Generation(self.engine, self.messages, options, tools=self.tools, state=self.state)
         try:
+            generation = Generation(self.engine, self.messages, options, tools=self.tools, state=self.state,
+                                    stop=should_stop)
             generation.start()
-        except Exception:
-            del self.messages[-len(new) :]
+        except BaseException:  # (Ctrl-C in a notebook too) the state holds a consistent prefix
+            del self.messages[before:]
             raise
         stream = iter(generation)
         try:

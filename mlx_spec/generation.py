@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from .decoding.reports import WAITING, TokenReport
 from .decoding.sequence import SequenceState
 from .decoding.stats import Stats
-from .errors import ContextError, PromptStopped
+from .errors import ContextError, PromptStopped, SettingsError
 from .models.protocol import ANSWER, THOUGHT
 from .options import Options
 
@@ -95,6 +95,9 @@ class Generation:
         return self.prompt_tokens
 
     def __iter__(self) -> Iterator[TokenReport]:
+        if self.result is not None:  # its sequence went back: iterating again would decode on it
+            raise SettingsError("this answer was read to its end already (its result is .result); "
+                                "a new Generation answers again")
         self.start()
         if self.batch is not None:
             source = self.batch.join(self.decoder, self.state, self.limit)

@@ -1,6 +1,7 @@
 """`mlx_spec.load`: names to hub ids, the memory check, the target's and drafter's families
 (models/registry.py), the tokenizer and its stop tokens, and the engine made of them."""
 
+import os
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -65,6 +66,10 @@ def load(
 
 
 def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, registry, lockstep, experts) -> Engine:
+    for name, value in (("model", model), ("drafter", drafter)):
+        if not isinstance(value, (str, os.PathLike)) and not (name == "drafter" and value is None):
+            raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
+    model, drafter = str(model), None if drafter is None else str(drafter)
     model, drafter = resolve_names(model, drafter, registry)
     check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size, experts)
     target_checkpoint = read(model, "target")

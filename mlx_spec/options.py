@@ -42,11 +42,14 @@ class Options:
         if not all(isinstance(s, str) and s for s in stop):
             raise SettingsError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         object.__setattr__(self, "stop", stop)
-        if self.image_tokens is not None and self.image_tokens not in SOFT_TOKEN_BUDGETS:
+        if self.image_tokens is not None and not (is_integer(self.image_tokens) and self.image_tokens in SOFT_TOKEN_BUDGETS):
             raise SettingsError(f"image_tokens must be one of {', '.join(map(str, SOFT_TOKEN_BUDGETS))}, "
                                 f"got {self.image_tokens!r}")
         if self.mtp is not None and not isinstance(self.mtp, bool):
             raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
+        for name in ("lookup", "report", "thinking", "fit_context"):  # ("no" would be true)
+            if not isinstance(getattr(self, name), bool):
+                raise SettingsError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def sampling(self) -> SamplingSettings:
@@ -65,6 +68,9 @@ NAMES = frozenset(f.name for f in fields(Options))
 
 def make(options: Optional[Options] = None, **settings) -> Options:
     """`options` (the defaults when None) with the keyword settings applied."""
+    if options is not None and not isinstance(options, Options):
+        raise SettingsError(f"options must be an Options, got {type(options).__name__}; "
+                            "settings may also go by name (max_tokens=..., temperature=...)")
     return (options if options is not None else DEFAULTS).but(**settings)
 
 

@@ -8,7 +8,7 @@ model's weights: `Engine` holds it beside the model pair and the media side.
 import numbers
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
@@ -64,6 +64,9 @@ class TextSide:
         mlx-lm would turn it on for any tokenizer that has thinking tokens)."""
         if isinstance(prompt, str):
             return list(self.require_tokenizer("a text prompt").encode(prompt))
+        if not isinstance(prompt, Iterable):
+            raise SettingsError(f"a prompt must be a string, a list of token ids, or a list of chat messages, "
+                                f"got {type(prompt).__name__}")
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
         if is_messages(prompt):
             return self.chat_tokens(prompt, tools, thinking)

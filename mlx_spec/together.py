@@ -20,7 +20,7 @@ stopped), so that every rank starts, steps and stops the same tasks at the same 
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 from mlx_lm.generate import wired_limit
 
@@ -134,6 +134,8 @@ class Many:
     iteration ended. An error in one request ends them all (the first is raised)."""
 
     def __init__(self, engine, prompts, options, tools=None, cache=None):
+        if isinstance(prompts, str) or not isinstance(prompts, Iterable):  # ("ab" would be two prompts)
+            raise SettingsError("prompts must be a list of prompts; for one prompt use generate or stream")
         prompts = list(prompts)
         options = [options] * len(prompts) if options is None or isinstance(options, Options) else list(options)
         if len(options) != len(prompts):

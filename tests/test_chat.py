@@ -13,7 +13,8 @@ from chat_script import (
 from mlx_spec import load
 from mlx_spec.chat import tool_result
 from mlx_spec.models.gemma4.chat_format import parse_tool_calls
-from mlx_spec.errors import SettingsError
+from mlx_spec.errors import PromptStopped, SettingsError
+from mlx_spec.options import Options
 
 DECLARATION = (
     '<|tool>declaration:get_current_time{description:<|"|>The current time in a city<|"|>,parameters:{properties:'
@@ -207,6 +208,43 @@ def test_a_failed_turn_leaves_the_session_as_it_was(engine):
     assert session.messages == messages
     list(session.send("Hello there"))
     assert session.last_result.tokens == fresh(engine, session.messages[:-1], 10).tokens
+
+
+def test_a_turn_stopped_while_its_prompt_goes_through_is_not_kept(engine):
+    """Ctrl-C during a long paste: `should_stop` is asked between the prompt's chunks, the turn
+    raises PromptStopped and is not kept, and the next turn is answered as a fresh session
+    answers it. An interrupt (KeyboardInterrupt, in a notebook) there leaves it alike."""
+    session = engine.chat(max_tokens=10)
+    list(session.send("Hi"))
+    messages = list(session.messages)
+    long = "word " * 700  # three prompt chunks
+    with pytest.raises(PromptStopped):
+        list(session.send(long, should_stop=lambda: True))
+    assert session.messages == messages and session.state.cached == len(session.state.tokens) - 1
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        list(session.send(long, should_stop=interrupt))
+    assert session.messages == messages
+    list(session.send("Hello there"))
+    assert session.last_result.tokens == fresh(engine, session.messages[:-1], 10).tokens
+
+
+def test_bad_turns_and_settings_leave_the_session_as_it_was(engine):
+    """An empty list of messages used to delete the whole history when its turn failed; a
+    setting the model refuses failed every later turn, each leaving its message behind."""
+    session = engine.chat(system_prompt="Be brief.", max_tokens=10)
+    list(session.send("Hi"))
+    messages = list(session.messages)
+    with pytest.raises(SettingsError, match="empty list"):
+        list(session.send([]))
+    with pytest.raises(SettingsError, match="top_k"):
+        session.set(top_k=100_000)
+    with pytest.raises(SettingsError, match="system_prompt must be a string"):
+        engine.chat(Options(max_tokens=4))
+    assert session.messages == messages and session.options.top_k == 0
 
 
 def test_tool_call_output_parses():

@@ -10,7 +10,7 @@ import tiny
 from mlx_spec import load
 from mlx_spec.models.cache import SlidingWindowCache
 from mlx_spec.decoding.sequence import SequenceState
-from mlx_spec.errors import SettingsError
+from mlx_spec.errors import LoadError, SettingsError
 from scripted import ScriptedDrafter, StepwiseDrafter
 from kv import exact_kv, fresh_cache, prefill, sliced
 
@@ -204,11 +204,39 @@ def test_reports(engine, prompt):
         (dict(max_tokens=2.5), "max_tokens must be an integer >= 1"),
         (dict(stop=["ok", ""]), "stop strings must be non-empty strings"),
         (dict(tempreature=0.5), "unknown setting 'tempreature'"),
+        # types: each was a TypeError from a comparison, or taken silently ("no" as true)
+        (dict(temperature="0.7"), "temperature must be a finite number >= 0, got '0.7'"),
+        (dict(temperature=None), "temperature must be a finite number >= 0, got None"),
+        (dict(top_p="0.9"), r"top_p must be in \(0, 1\], got '0.9'"),
+        (dict(thinking="no"), "thinking must be True or False"),
+        (dict(lookup=1), "lookup must be True or False"),
+        (dict(image_tokens=280.0), "image_tokens must be one of"),
     ],
 )
 def test_impossible_settings(engine, prompt, settings, message):
     with pytest.raises(SettingsError, match=message):
         engine.generate(prompt, **settings)
+
+
+def test_wrong_kinds_of_arguments_are_named(engine, prompt):
+    """Each of these was a raw TypeError or AttributeError, or (a string of prompts) ran each
+    character as a prompt; a Generation read twice decoded on a sequence it had given back."""
+    from mlx_spec import Options
+    from mlx_spec.generation import Generation
+
+    with pytest.raises(SettingsError, match="a prompt must be a string.*got NoneType"):
+        engine.generate(None)
+    with pytest.raises(SettingsError, match="options must be an Options, got dict"):
+        engine.generate(prompt, {"max_tokens": 3})
+    with pytest.raises(SettingsError, match="prompts must be a list of prompts"):
+        engine.generate_many("ab", max_tokens=2)
+    with pytest.raises(LoadError, match="model must be a size, a hub id or a folder"):
+        load(None)
+    answer = Generation(engine, prompt, Options(max_tokens=3))
+    assert len(list(answer)) == 3
+    with pytest.raises(SettingsError, match="read to its end already"):
+        list(answer)
+    assert len(answer.result.tokens) == 3
 
 
 def test_prompt_errors(engine, checkpoints):

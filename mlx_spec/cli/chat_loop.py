@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Union
 
 import click
 
-from ..errors import SettingsError
+from ..errors import PromptStopped, SettingsError
 from .group import shared_file
 from .terminal import TokenPrinter, stats_line
 
@@ -52,6 +52,9 @@ def run_chat(engine, session, show_probs: bool) -> None:
             try:
                 for report in session.send(message, should_stop=lambda: lockstep.flag(stopped[0])):
                     printer.print(report)
+            except PromptStopped:  # Ctrl-C while the prompt went through: the turn is not kept
+                click.echo("[stopped before the answer began; the message was not kept]")
+                continue
             except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
                 click.echo(f"[{e}; /reset starts over]" + ("; the attachments are dropped" if attached else ""))
                 attached.clear()

@@ -16,12 +16,12 @@ class SamplingSettings:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise SettingsError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (is_real(self.temperature) and self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise SettingsError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not is_integer(self.top_k) or self.top_k < 0:
             raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SettingsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (is_real(self.top_p) and 0 < self.top_p <= 1):
+            raise SettingsError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not is_integer(self.seed) or not 0 <= self.seed < 2**64):
             raise SettingsError(f"seed must be an integer in [0, 2**64), got {self.seed}")
         object.__setattr__(self, "top_k", int(self.top_k))
@@ -49,3 +49,7 @@ class SamplingSettings:
 
 def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
