@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import mlx_spec
 import tiny
 from serving import WITHOUT_TORCH
 
@@ -76,6 +77,10 @@ def run_script(name, *args, tmp_path):
     assert "| " in proc.stdout and "Machine:" in proc.stdout and "BLAS: " in proc.stdout
     data = json.loads((out / f"{name}.json").read_text())
     assert {"chip", "memory_gb", "os", "mlx", "mlx_lm", "mlx_vlm", "blas", "matmul_gflops"} <= set(data["machine"])
+    if name != "ab":  # the figures name the commit they were measured at (the tests run from a checkout)
+        commit = subprocess.run(["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        assert f"mlx-spec {mlx_spec.__version__} ({commit}" in proc.stdout and commit in data["machine"]["mlx_spec"]
     assert data["machine"]["matmul_gflops"] > 0
     return proc.stdout, data
 

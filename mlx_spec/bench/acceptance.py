@@ -81,6 +81,8 @@ def measure(engine, name, prompt, max_tokens, sampling, prefills, peer):
     with the checks on their tokens; its table row and JSON entry."""
     settings = SAMPLING[sampling]
     warm_up(engine, prompt, settings, prefills=prefills)
+    if peer:  # its first call's costs (its drafter's graphs, its samplers) out of the figures too
+        peer.run(prompt, settings, 8)
     off = run_ours(engine, prompt, settings, max_tokens, mtp=False, prefills=prefills)
     on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False,  # the seed's setup
                   prefills=prefills)

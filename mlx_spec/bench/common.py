@@ -76,6 +76,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
         "os": platform.platform(),
+        "mlx_spec": mlx_spec_version(),
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
         "mlx_vlm": mlx_vlm,
@@ -84,6 +85,23 @@ def machine() -> dict:
         "blas": blas_library(),
         "matmul_gflops": round(matmul_gflops(), 1),
     }
+
+
+def mlx_spec_version() -> str:
+    """This package's version, and its commit when it runs from a git checkout (with
+    '+changes' when the checkout has uncommitted ones): figures are compared across commits."""
+    from pathlib import Path
+
+    from .. import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    top = _run(["git", "-C", str(root), "rev-parse", "--show-toplevel"])
+    if not top or Path(top).resolve() != root:  # installed, not a checkout (perhaps inside another's)
+        return __version__
+    root = str(root)
+    commit = _run(["git", "-C", root, "rev-parse", "--short", "HEAD"])
+    changed = _run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"])
+    return f"{__version__} ({commit}{'+changes' if changed else ''})"
 
 
 def _run(argv):
@@ -154,7 +172,8 @@ def header(title: str, machine_info: dict, settings: dict) -> str:
     settings = dict(settings)
     files = settings.pop("files", {})
     lines = [f"## {title}", "", f"Machine: {m['chip']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}",
-             f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}"]
+             (f"mlx-spec {m['mlx_spec']}, " if "mlx_spec" in m else "")  # (older results have none)
+             + f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}"]
     if "blas" in m:  # (results written before it was recorded have none)
         lines.append(f"BLAS: {m['blas']}, a 512 x 512 float32 product at {m['matmul_gflops']} GFLOP/s")
     for role, entries in files.items():

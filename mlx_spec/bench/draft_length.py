@@ -33,7 +33,8 @@ def main(argv=None):
     engine = build_engine(args)
     info = machine()
     settings = SAMPLING[args.sampling]
-    lengths = sorted({int(g) for g in args.lengths.split(",")}) if args.lengths else list(range(args.max_g + 1))
+    # g = 0 always: the measured speed-ups are over it, as the predicted ones are
+    lengths = sorted({0} | {int(g) for g in args.lengths.split(",")}) if args.lengths else list(range(args.max_g + 1))
     results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, **TEMPLATE, "workloads": []}
     print(header("Draft length", info, {"sampling": args.sampling, **results["models"], **TEMPLATE}))
     names = args.workloads.split(",") if args.workloads else None
@@ -46,7 +47,8 @@ def main(argv=None):
         one_ms, ratios = cost_ratios(engine, prompt, lengths, args.repeats, prefills)
         rows, entries, base = [], [], None
         for g in lengths:
-            run = run_ours(engine, prompt, settings, max_tokens, mtp=g > 0, draft_tokens=g, prefills=prefills)
+            # The MTP drafter alone (no prompt lookup): its cost C_g and its acceptance are the table's
+            run = run_ours(engine, prompt, settings, max_tokens, mtp=g > 0, draft_tokens=g, lookup=False, prefills=prefills)
             progress.step(f"{name}, g = {g}")
             base = base or run["tps"]
             r, c = ratios[g]["R"], ratios[g]["C"]
