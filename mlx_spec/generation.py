@@ -81,6 +81,7 @@ class Generation:
             return self.prompt_tokens
         tokens, spans = self.engine.prepare(self.prompt, self.tools, self.options.thinking, self.options.image_tokens)
         self.limit = tokens_to_generate(len(tokens), self.options, self.engine.context_length)
+        self.decoder.check_prompt(tokens)  # before a cached sequence is taken: a bad id must not cost it
         if self.state is None:
             self.state = self.cache.take(tokens, spans)[0] if self.cache is not None else SequenceState(self.engine.target)
         try:

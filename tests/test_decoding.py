@@ -239,6 +239,21 @@ def test_wrong_kinds_of_arguments_are_named(engine, prompt):
     assert len(answer.result.tokens) == 3
 
 
+def test_a_bad_token_id_does_not_cost_a_cached_conversation(engine):
+    """The ids are checked before the prompt cache gives up the sequence that shares the most
+    with the prompt: a request with an id outside the vocabulary used to throw it away, and the
+    conversation's next turn went through the target again from its first token."""
+    from mlx_spec.decoding.prompt_cache import PromptCache
+
+    cache, prompt = PromptCache(engine.target, 10**9), list(range(10, 60))
+    first = engine.generate(prompt, max_tokens=5, cache=cache)
+    with pytest.raises(SettingsError, match="outside the vocabulary"):
+        engine.generate(prompt + first.tokens + [tiny.VOCAB + 3], max_tokens=5, cache=cache)
+    again = engine.generate(prompt + first.tokens + [7], max_tokens=5, cache=cache)
+    assert len(cache) == 1 and again.stats.prompt_reused >= len(prompt)
+    assert again.tokens == engine.generate(prompt + first.tokens + [7], max_tokens=5).tokens
+
+
 def test_prompt_errors(engine, checkpoints):
     with pytest.raises(SettingsError, match="outside the vocabulary"):
         engine.generate([1, 2, tiny.VOCAB + 5])

@@ -84,17 +84,21 @@ class Decoder:
         self.add_tokens(state, tokens[held:], spans, stop)
         state.mark()
 
-    def add_tokens(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = (),
-                   stop: Optional[Callable[[], bool]] = None) -> None:
-        """Append prompt tokens: all but the last go through the target now (in chunks). The
-        tokens generated after them are a new answer (its uniforms start again at index 0). If
-        the target fails on them, the state is emptied: its caches may be half written."""
+    def check_prompt(self, tokens: List[int]) -> None:
+        """A SettingsError for an empty prompt or token ids outside the vocabulary."""
         if not tokens:
             raise SettingsError("the prompt is empty")
         vocab = self.target.vocab_size
         bad = [t for t in tokens if not 0 <= t < vocab]
         if bad:
             raise SettingsError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+
+    def add_tokens(self, state: SequenceState, tokens: List[int], spans: Sequence[MediaSpan] = (),
+                   stop: Optional[Callable[[], bool]] = None) -> None:
+        """Append prompt tokens: all but the last go through the target now (in chunks). The
+        tokens generated after them are a new answer (its uniforms start again at index 0). If
+        the target fails on them, the state is emptied: its caches may be half written."""
+        self.check_prompt(tokens)
         start = time.perf_counter()
         reused = state.cached
         processed = state.add_prompt(tokens, self.prefill_chunk, spans, stop)
