@@ -112,9 +112,7 @@ class Batch:
         reader two steps behind may hold two steps' worth while the passes the row sat out wrote
         past them (every pass writes every row): past the trim allowance, the oldest stay in the
         sequence, settled and consistent with its caches, rather than fail the batch."""
-        padding = row.state.cached - (len(row.state.tokens) - 1)  # a queued cycle's, cut after
-        room = row.state.cache[0].trim_room - padding if row.state.in_batch else len(row.ready)
-        back = max(0, min(len(row.ready), room))
+        back = max(0, min(len(row.ready), row.state.takeable))
         keep = len(row.ready) - back
         row.state.take_back(back, row.ready[keep - 1][1] if keep else row.hidden)
         row.decoder.stats.generated_tokens -= back

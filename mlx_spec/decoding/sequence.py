@@ -153,6 +153,14 @@ class SequenceState:
         self.hidden = hidden
 
     @property
+    def takeable(self) -> int:
+        """How many of the last settled tokens `take_back` may take, the caches then trimmed to
+        the settled ones: in a batch, its row goes back no further than its trim allowance."""
+        if not self.in_batch:
+            return self.generated
+        return self.cache[0].trim_room - (self.cached - (len(self.tokens) - 1))  # (less a queued cycle's)
+
+    @property
     def cached(self) -> int:
         return self.cache[0].offset
 

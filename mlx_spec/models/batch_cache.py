@@ -42,9 +42,7 @@ class BatchSlot:
 
     @property
     def trim_room(self) -> int:
-        """How many of the newest positions `trim` can still drop."""
-        caches, i = self.caches, self.index
-        return max(0, min(caches.offsets[i], caches.offsets[i] - (caches.furthest[i] - caches.max_trim)))
+        return self.caches.trim_room(self.index)
 
     def is_trimmable(self) -> bool:
         return True
@@ -153,9 +151,14 @@ class BatchCaches:
             s.index = r
         return out
 
+    def trim_room(self, row: int) -> int:
+        """How many of a row's newest positions `trim` can still drop: down to `max_trim` below
+        the furthest it wrote."""
+        return max(0, min(self.offsets[row], self.offsets[row] - (self.furthest[row] - self.max_trim)))
+
     def trim(self, row: int, n: int) -> int:
         n = min(n, self.offsets[row])
-        if self.offsets[row] - n < self.furthest[row] - self.max_trim:
+        if n > self.trim_room(row):
             raise ValueError(f"cannot trim {n} positions of row {row} at offset {self.offsets[row]}: at most "
                              f"{self.max_trim} below the furthest written ({self.furthest[row]})")
         self.offsets[row] -= n
