@@ -9,7 +9,7 @@ from .decoding.lockstep import Lockstep
 from .engine import Engine
 from .errors import LoadError
 from .media.side import MediaSide
-from .memory import DEFAULT_CONTEXT
+from .memory import AUTO, DEFAULT_CONTEXT
 from .memory import check as check_memory
 from .models import FAMILIES, Registry, read
 from .models.gemma4.sizes import SIZES
@@ -18,7 +18,6 @@ from .text import TextSide, load_tokenizer, stop_token_ids
 
 DEFAULT_TARGET = SIZES["e2b"].target
 DEFAULT_DRAFTER = SIZES["e2b"].drafter
-AUTO = "auto"  # the drafter: the one made for the target's size
 
 
 def load(
@@ -71,7 +70,7 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
             raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
     model, drafter = str(model), None if drafter is None else str(drafter)
     model, drafter = resolve_names(model, drafter, registry)
-    check_memory(model, None if drafter == AUTO else drafter, context, force, registry, lockstep.size, experts)
+    check_memory(model, drafter, context, force, registry, lockstep.size, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
     if lockstep.size > 1:

@@ -3,7 +3,8 @@
 The estimate is the weights (the safetensors files as they are on disk, or as the hub lists
 them before anything is downloaded) plus the target's K/V cache at the requested context, read
 from its config as its family counts it (models/registry.py: `Family.kv_cache_bytes`). The
-drafter keeps no cache: it reads the target's.
+drafter keeps no cache: it reads the target's. The "auto" drafter is the one the target's family
+names for its config (`Family.drafter_for`), counted whenever its size can be known.
 """
 
 import json
@@ -16,10 +17,11 @@ import mlx.core as mx
 
 from .decoding.limits import PREFILL_CHUNK, TRIM_ALLOWANCE
 from .errors import LoadError
-from .models import FAMILIES, Registry
+from .models import FAMILIES, Checkpoint, Registry
 
 GB = 1e9
 DEFAULT_CONTEXT = 8192
+AUTO = "auto"  # the drafter: the one made for the target's size
 # What a sliding cache holds beyond its window after a long prompt (models/cache.py): the
 # drafter's extra position, the positions it can trim, and a prefill chunk.
 SLIDING_SLACK = 1 + TRIM_ALLOWANCE + PREFILL_CHUNK
@@ -30,6 +32,7 @@ class Estimate:
     weights: int  # bytes
     kv_cache: int  # bytes at `context` tokens
     context: int
+    drafter: Optional[str] = None  # the drafter counted in `weights`, if any
 
     @property
     def total(self) -> int:
@@ -78,12 +81,25 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
         if family.rank_share is not None:
             weight_share, cache_share = family.rank_share(config, ranks, experts, context, SLIDING_SLACK)
             weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
+    auto, drafter_weights = drafter == AUTO, None
+    if auto:
+        drafter = _auto_drafter(target, config, registry)
     if drafter is not None:
         drafter_weights, _ = _files_and_config(drafter, registry)
-        if drafter_weights is None:
+        if drafter_weights is None and not auto:
             return None
-        weights += drafter_weights
-    return Estimate(weights, kv_cache, context)
+        # (An auto drafter not known offline is left out: the target alone is still checked.)
+        weights += drafter_weights or 0
+    return Estimate(weights, kv_cache, context, drafter if drafter_weights else None)
+
+
+def _auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:
+    """The drafter the target's family names for its config, or None."""
+    family = registry.family_for_config(config) or registry.default
+    try:
+        return family.drafter_for(Checkpoint(Path(target), config, {}))
+    except Exception:  # a config its family cannot read: loading it names what is wrong
+        return None
 
 
 def _files_and_config(path_or_repo: str, registry: Registry) -> Tuple[Optional[int], Optional[dict]]:
@@ -151,7 +167,7 @@ def check(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT, f
         return needed
     have = available_bytes()
     if needed.total > have:
-        pair = target + (f" + {drafter}" if drafter else "") + (f" (one rank's share of {ranks})" if ranks > 1 else "")
+        pair = target + (f" + {needed.drafter}" if needed.drafter else "") + (f" (one rank's share of {ranks})" if ranks > 1 else "")
         raise LoadError(
             f"target {target}: {pair} needs about {needed.describe()}, and this machine has "
             f"{have / GB:.1f} GB for it; choose a smaller model or context, or pass force=True "

@@ -396,3 +396,44 @@ def test_steps_are_built_ahead_and_give_the_tokens_built_after_each_sync(engine)
         results[pipelined] = (got, [r.decoder.stats.prebuilt for r in runs])
     assert results[True][0] == results[False][0] == [engine.generate(p, o).tokens for p, o in zip(prompts, options)]
     assert all(n > 0 for n in results[True][1]) and not any(results[False][1])
+
+
+def test_a_row_whose_settling_raises_ends_alone_and_the_others_go_on(engine):
+    """A row's own drafter raising while its synced cycle settles (`accept`, after the next step
+    was queued): that row's reader raises it, its sequence holds exactly the tokens it handed
+    over, and the other row gives its solo tokens (found by a review: the error left the step
+    unsettled for every row, and reached the server's scheduler, which stopped serving)."""
+
+    class FailsOnAccept(ScriptedDrafter):
+        def accept(self, state, tokens):
+            self.accepted = getattr(self, "accepted", 0) + 1
+            if self.accepted == 3:
+                raise RuntimeError("the drafter failed")
+
+    prompts = [list(range(10, 40)), list(range(50, 90))]
+    solo = [engine.generate(p, max_tokens=40).tokens for p in prompts]
+    cache, together = PromptCache(engine.target, 10**9), Together(engine)
+    options = [Options(max_tokens=40, draft_tokens=3, drafter=FailsOnAccept(prompts[0] + solo[0], tiny.VOCAB)),
+               Options(max_tokens=40, draft_tokens=3, drafter=ScriptedDrafter(prompts[1] + solo[1], tiny.VOCAB, break_at=1))]
+    readers = [iter(Generation(engine, p, o, batch=together.batch, cache=cache)) for p, o in zip(prompts, options)]
+    got, errors, ended = [[], []], [], [False, False]
+    while not all(ended):
+        for i, reader in enumerate(readers):
+            try:
+                for event in reader:
+                    if event is WAITING:
+                        break
+                    got[i].append(event.token)
+                else:
+                    ended[i] = True
+            except RuntimeError as e:
+                errors.append((i, str(e)))
+                ended[i], readers[i] = True, iter(())
+        together.batch.step()
+    assert errors == [(0, "the drafter failed")]
+    assert got[1] == solo[1]
+    assert 0 < len(got[0]) < 40 and got[0] == solo[0][: len(got[0])]
+    (kept,) = [s for s in cache.sequences if s.tokens[:30] == prompts[0]]
+    assert kept.tokens == prompts[0] + got[0] and kept.cached == len(kept.tokens) - 1
+    follow = prompts[0] + got[0] + [5]
+    assert engine.generate(follow, max_tokens=6, cache=cache).tokens == engine.generate(follow, max_tokens=6).tokens

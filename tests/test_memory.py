@@ -208,3 +208,33 @@ def test_a_quantized_mlp_splits_in_whole_groups_or_is_refused():
     assert "its MLP width 2112 in whole quantization groups of 64" in split_problems(quantized, 2)
     assert split_problems(FAMILY["26b-a4b"].text, 2) == []  # in bf16 it splits
     assert split_problems(dict(FAMILY["31b"].text, quantization={"group_size": 64, "bits": 4}), 2) == []
+
+
+def test_the_auto_drafter_of_a_folder_is_counted(checkpoints, monkeypatch):
+    """A target given as a folder (or a hub id not known by name) with the drafter left to
+    "auto": the drafter its family names for it is counted when the hub lists it (it was left
+    out, found by a review), and offline the target alone is still checked."""
+    import huggingface_hub
+    from types import SimpleNamespace
+
+    target = str(checkpoints["text"])
+    drafter = FAMILY["e2b"].drafter  # a config of no known size drafts with E2B's assistant
+
+    def model_info(self, repo_id, files_metadata=False):
+        assert repo_id == drafter
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename="model.safetensors", size=3 * 10**9)])
+
+    alone = folder_bytes(checkpoints["text"])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    needed = memory.estimate(target, "auto", context=1024)
+    assert needed.weights == alone + 3 * 10**9 and needed.drafter == drafter
+    monkeypatch.setattr(memory, "available_bytes", lambda: needed.total - 1)
+    with pytest.raises(LoadError, match=rf"{target} \+ {drafter} needs about 3\.0 GB"):
+        load(target)
+
+    def offline(self, repo_id, files_metadata=False):
+        raise OSError("offline")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", offline)
+    assert memory.estimate(target, "auto", context=1024).weights == alone
+    assert memory.estimate(target, drafter, context=1024) is None  # a drafter named: unknown means unknown

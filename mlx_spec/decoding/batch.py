@@ -190,7 +190,12 @@ class Batch:
                 if row.state.in_batch:
                     row.state.trim(step.positions)  # nothing of this step is its
                 continue
-            settled[id(row)] = self._settle(row, member, step.positions)
+            tokens, hidden = len(row.state.tokens), row.state.hidden
+            try:
+                settled[id(row)] = self._settle(row, member, step.positions)
+            except Exception as e:  # the row's own (its drafter's): it ends alone, the others go on
+                row.state.take_back(len(row.state.tokens) - tokens, hidden)  # none handed over
+                row.error, row.done = e, True
         return settled
 
     def _settle(self, row: Row, member: Member, positions: int) -> int:
