@@ -297,3 +297,69 @@ def test_media_needs_a_checkpoint_that_has_it(family):
     text_only = load(str(family("12b")["target"]), None, force=True)
     with pytest.raises(MediaError, match="text-only checkpoint"):
         text_only.prepare(messages(IMAGE))
+
+
+# 600 soft tokens (64 samples each): longer than a prefill chunk of 512. The 12B's audio has no
+# token cap: an hour-long recording is 90,000 of them.
+LONG_AUDIO = {"type": "audio", "audio": clip(seed=4, samples=64 * 600)}
+
+
+def test_a_long_clip_goes_through_in_chunks_like_text(engine, reference, monkeypatch):
+    """An audio clip's soft tokens are causal, so a clip longer than a prefill chunk goes through
+    in chunks, as text does: no sliding cache grows to hold the clip (a chunk used to stretch to
+    an item's end, found by a review: on the 12B a 12 MB WAV, 9,400 soft tokens, held about
+    3.3 GB of sliding K/V, against the 0.5 GB the server's admission counts). Its encoder runs
+    once, and the answer is transformers' own, MTP on and off."""
+    from mlx_spec.models.cache import SlidingWindowCache
+
+    calls, encoder, widths = [], engine.media.encoder(), []
+    embed, make_room = encoder.embed, SlidingWindowCache._make_room
+    encoder.embed = lambda item: calls.append(item.kind) or embed(item)
+
+    def recorded(cache, n_new, like_k, like_v):
+        make_room(cache, n_new, like_k, like_v)
+        widths.append(cache.keys.shape[2])
+
+    monkeypatch.setattr(SlidingWindowCache, "_make_room", recorded)
+    try:
+        tokens, spans = engine.prepare(messages(LONG_AUDIO))
+        assert spans[0].item.tokens == 600
+        state = SequenceState(engine.target)
+        engine.decoder(mtp=False).start(state, tokens, spans)
+        assert calls == ["audio"]
+        assert widths and max(widths) < spans[0].item.tokens  # a window, a chunk and the slack
+    finally:
+        encoder.embed = embed
+    ids, kwargs = transformers_inputs(tokens, spans)
+    kwargs.pop("mm_token_type_ids")
+    expected = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
+                                  do_sample=False, cache_implementation="static", **kwargs)[0, len(tokens):].tolist()
+    off = engine.generate(messages(LONG_AUDIO), max_tokens=20, mtp=False)
+    assert off.tokens == expected[: len(off.tokens)] and len(off.tokens) > tiny.WINDOW
+    assert engine.generate(messages(LONG_AUDIO), max_tokens=20, draft_tokens=3).tokens == off.tokens
+
+
+def test_a_prompt_stopped_inside_a_clip_keeps_it_and_never_resumes_inside_it(engine):
+    """A request cancelled while its clip goes through (the server stops between chunks, and a
+    clip is now cut between them): the sequence keeps what went through with the clip recorded,
+    so that no prompt with another clip, or none, reuses its soft tokens' keys and values; the
+    same prompt again gives the uncached answer."""
+    from mlx_spec.errors import PromptStopped
+
+    tokens, spans = engine.prepare(messages(LONG_AUDIO))
+    (span,) = spans
+    state, asked = SequenceState(engine.target), []
+    decoder = engine.decoder(mtp=False)
+    decoder.prefill_chunk = 64
+    with pytest.raises(PromptStopped):
+        decoder.start(state, tokens, spans, stop=lambda: asked.append(1) or len(asked) == 3)
+    assert span.start < len(state.tokens) < span.end and state.cached == len(state.tokens) - 1
+    assert [s.key for s in state.spans] == [span.key]
+    other_tokens, other_spans = engine.prepare(messages({"type": "audio", "audio": clip(seed=5, samples=64 * 600)}))
+    assert other_tokens == tokens
+    assert state.resumable(other_tokens, other_spans) <= span.start
+    assert state.resumable(tokens, []) <= span.start  # the same ids as a raw prompt, no clip
+    cache = PromptCache(engine.target, 1 << 30)
+    cache.give_back(state)
+    again = engine.generate(messages(LONG_AUDIO), max_tokens=8, mtp=False, cache=cache)
+    assert again.tokens == engine.generate(messages(LONG_AUDIO), max_tokens=8, mtp=False).tokens

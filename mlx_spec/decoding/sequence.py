@@ -106,14 +106,16 @@ class SequenceState:
         to_process = self.tokens[-1:] + list(tokens[:-1])
         start = self.cached  # the position of to_process[0]
         pieces = list(chunk_bounds(len(to_process), chunk, new_spans, start)) if stop else [(0, len(to_process))]
+        feeding = [s.embedded_once() for s in new_spans]  # an audio clip may go through in chunks
         for lo, hi in pieces if to_process else []:
             if lo > 0 and stop():
                 kept = lo + (1 if not first else 0)  # the last kept token is not yet through, as always
-                self._keep(tokens[:kept], [s for s in new_spans if s.end <= start + lo])
+                # An item cut there is kept with its tokens: no prompt resumes inside it (outside_spans).
+                self._keep(tokens[:kept], [s for s in new_spans if s.start < first + kept])
                 raise PromptStopped(lo)
             try:
                 hidden = self.target.prefill(mx.array([to_process[lo:hi]]), self.cache, chunk,
-                                             inside(new_spans, start + lo, start + hi), start + lo)
+                                             inside(feeding, start + lo, start + hi), start + lo)
                 mx.eval(hidden)
             except BaseException:
                 self.clear()

@@ -51,6 +51,31 @@ class MediaSpan:
     def key(self) -> Tuple[int, str]:
         return self.start, self.item.digest
 
+    @property
+    def whole(self) -> bool:
+        """Whether its soft tokens go through the target together: an image's may attend to each
+        other both ways; an audio clip's are causal, and go through in chunks like text."""
+        return self.item.kind == IMAGE
+
+    def piece(self, lo: int, hi: int) -> "MediaSpan":
+        """Its soft tokens within absolute positions [lo, hi), as a span of their own."""
+        a, b = max(lo, self.start) - self.start, min(hi, self.end) - self.start
+        if (a, b) == (0, self.item.tokens):
+            return self
+        item = MediaItem(self.item.kind, b - a, f"{self.item.digest}[{a}:{b}]", ())
+        return MediaSpan(self.start + a, item, lambda: self.embed()[a:b])
+
+    def embedded_once(self) -> "MediaSpan":
+        """The span, its encoder run at most once however many chunks read it."""
+        done: List[mx.array] = []
+
+        def embed() -> mx.array:
+            if not done:
+                done.append(self.embed())
+            return done[0]
+
+        return MediaSpan(self.start, self.item, embed)
+
 
 class Prepared(NamedTuple):
     """A prompt as the target reads it: token ids, and the media among them."""
@@ -93,25 +118,26 @@ def spans_before(spans: List[MediaSpan], length: int) -> List[MediaSpan]:
 
 def chunk_bounds(length: int, chunk: int, spans: Sequence[MediaSpan], start: int) -> Iterator[Tuple[int, int]]:
     """[lo, hi) ranges of at most `chunk` positions covering `length` positions from position
-    `start`, never cutting a span (a chunk that would end inside one runs to its end)."""
+    `start`, never cutting an image (a chunk that would end inside one runs to its end). Audio
+    is cut like text, so that a long clip's chunk holds no more K/V than a text chunk."""
     lo = 0
     while lo < length:
         hi = min(lo + chunk, length)
         for span in spans:
-            if span.start - start < hi < span.end - start:
+            if span.whole and span.start - start < hi < span.end - start:
                 hi = span.end - start
         yield lo, hi
         lo = hi
 
 
 def inside(spans: Sequence[MediaSpan], lo: int, hi: int) -> List[MediaSpan]:
-    """The spans within absolute positions [lo, hi); one cut by that range is an error (a
-    caller resumed a sequence inside an item)."""
+    """The spans within absolute positions [lo, hi), an audio clip's cut to its soft tokens
+    there; an image cut by that range is an error (a caller resumed a sequence inside one)."""
     found = []
     for span in spans:
         if span.end <= lo or span.start >= hi:
             continue
-        if span.start < lo or span.end > hi:
+        if span.whole and (span.start < lo or span.end > hi):
             raise ValueError(f"positions {lo}..{hi} cut the {span.item.kind} at {span.start}..{span.end}")
-        found.append(span)
+        found.append(span.piece(lo, hi))
     return found

@@ -8,7 +8,8 @@
 - Where the config asks for it (`use_bidirectional_attention: "vision"`), an image's soft tokens
   see each other both ways on the sliding-window layers (full layers stay causal, audio stays
   causal), as transformers' `create_masks_for_vision_model` builds it. An image therefore goes
-  through in one chunk (`media.items.chunk_bounds`).
+  through in one chunk (`media.items.chunk_bounds`); an audio clip may be cut between chunks,
+  each chunk's span its piece of the clip (`MediaSpan.piece`).
 """
 
 from typing import Optional, Sequence

@@ -130,7 +130,7 @@ class Target:
         """Feed `tokens` [1, L] (absolute positions from `start`) in chunks; return the hidden
         state [1, 1, H] of the last position. Earlier chunks are evaluated for their cache state
         alone (their logits are never built). Media `spans` among the positions put their
-        embeddings at their soft tokens, each item within one chunk (see media_prefill.py).
+        embeddings at their soft tokens, each image within one chunk (see media_prefill.py).
 
         The last position goes through alone: only its hidden state is read, and evaluated
         for their cache state alone, the chunks before it leave out the layers that write no
