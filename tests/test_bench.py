@@ -302,6 +302,9 @@ def test_controlled(tiny_models, tmp_path):
         assert [len(p) for p in passes] == [2, 2, 2]
         assert data["trials"][name] == [max(p) for p in passes]
     assert len(data["loop_efficiency"]["rounds"]) == rounds
+    efficiency = sorted(e["efficiency"] for e in data["loop_efficiency"]["rounds"])
+    assert data["loop_efficiency"]["median"] == efficiency[rounds // 2]
+    assert next(b for b in data["bars"] if "loop efficiency" in b["bar"])["ratio"] == data["loop_efficiency"]["median"]
     a0 = next(b for b in data["bars"] if b["bar"].startswith("a = 0, g = 6"))
     ratios = sorted(on / off * cost for on, off, cost in zip(data["trials"]["g = 6, a = 0"], data["trials"]["MTP off"], data["costs"]))
     assert a0["ratio"] == pytest.approx(ratios[rounds // 2] if rounds % 2 else (ratios[rounds // 2 - 1] + ratios[rounds // 2]) / 2)
@@ -716,3 +719,29 @@ def test_the_machine_line_names_the_blas_mlx_calls(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/opt/x/libjemalloc.so.2 /usr/lib/libopenblas.so.0")
     assert blas_library() == ("Accelerate" if sys.platform == "darwin" else "libopenblas.so.0 (preloaded)")
     assert matmul_gflops(64, repeats=1) > 0
+
+
+def test_per_request_rate_gives_a_burst_s_tokens_no_free_time():
+    """A request whose first cycle hands over three tokens at once (two kept guesses), then one
+    every 0.2 s: its rate is the two later tokens over 0.4 s, not four (the first cycle's kept
+    guesses were counted as made in no time, found by a review)."""
+    from mlx_spec.bench.batch import figures
+
+    got = figures(0.0, [[0.1, 0.1, 0.1, 0.3, 0.5]])
+    assert got["per_request_tps"] == pytest.approx(2 / 0.4)
+    assert got["total_tps"] == pytest.approx(5 / 0.5) and got["first_token_s"] == pytest.approx(0.1)
+
+
+def test_the_block_to_paste_names_only_this_run_s_tables(tmp_path):
+    """`all --skip controlled --out FOLDER` into a folder holding an earlier controlled table:
+    the block to paste took its machine and figures as this run's (found by a review); it now
+    names it as an earlier run's, and quotes none of it."""
+    from mlx_spec.bench import summary
+
+    machine = {"chip": "an earlier Mac", "memory_gb": 16, "os": "macOS", "mlx": "0", "device": "gpu", "mlx_lm": "0"}
+    sweep = [{"acceptance": 0.5, "measured_speedup": 1.5, "predicted_speedup": 1.6}]
+    (tmp_path / "controlled.json").write_text(json.dumps({"machine": machine, "sweep": sweep}))
+    block = summary(tmp_path, ["positions", "acceptance"])
+    assert "an earlier Mac" not in block and "controlled a = 0.5" not in block
+    assert "(in the report from an earlier run, not this one: controlled)" in block
+    assert "controlled a = 0.5: 1.50x measured" in summary(tmp_path)

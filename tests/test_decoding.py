@@ -194,6 +194,8 @@ def test_reports(engine, prompt):
     [
         (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
         (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
+        # (its logits overflowed float32: a NaN distribution, and the lowest id drawn; a review)
+        (dict(temperature=1e-39), r"temperature must be 0 \(greedy\) or at least 1e-30, got 1e-39"),
         (dict(top_k=385), "top_k must be at most the vocabulary's 384 tokens"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),

@@ -230,3 +230,13 @@ def test_engine_first_tokens_follow_the_target(engine, prompt, settings, drafter
     tokens = first_tokens(engine, prompt, settings, drafter, 1_000)
     assert chi_square_p(np.bincount(tokens[:, 0], minlength=tiny.VOCAB), p0) > ALPHA
     assert chi_square_p(np.bincount(tokens[:, 1], minlength=tiny.VOCAB), p1) > ALPHA
+
+
+def test_the_smallest_temperature_samples_the_argmax():
+    """At the smallest temperature allowed, softcapped logits (up to 30) stay finite once
+    scaled: every probability on the best token, none NaN."""
+    from mlx_spec.sampling.settings import MIN_TEMPERATURE
+
+    logits = mx.array([[0.5, 30.0, 1.0, -30.0, 29.9]])
+    d = distribution(logits, SamplingSettings(temperature=MIN_TEMPERATURE))
+    assert d.ids[0, 0].item() == 1 and d.probs[0].tolist()[0] == 1.0 and d.count.item() == 1

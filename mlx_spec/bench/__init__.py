@@ -96,7 +96,7 @@ def run_all(argv: Sequence[str]) -> Path:
         run(table, _for_table(table, argv), draw=False)  # the report is drawn once, at the end
     folder = folder_of(argv)
     _draw(folder)
-    print("\n" + summary(folder))
+    print("\n" + summary(folder, tables))
     return folder
 
 
@@ -132,17 +132,22 @@ def _for_table(table: str, argv: Sequence[str]) -> List[str]:
     return out
 
 
-def summary(folder: Path) -> str:
-    """A short block for an issue or a discussion: the machine, the headline ratios, the report."""
+def summary(folder: Path, ran: Sequence[str] = tuple(TABLES)) -> str:
+    """A short block for an issue or a discussion: the machine, the headline ratios, the report;
+    from the tables `ran` (a folder given again with --out may hold others, from an earlier run,
+    which the block names as such)."""
     import json
 
     def load(name):
         file = folder / f"{name}.json"
         return json.loads(file.read_text()) if file.is_file() else None
 
-    tables = {name: load(name) for name in TABLES.values()}
+    tables = {module: load(module) if table in ran else None for table, module in TABLES.items()}
     first = next((t for t in tables.values() if t), None)
     lines = ["```", "mlx-spec bench"]
+    earlier = [table for table, module in TABLES.items() if table not in ran and (folder / f"{module}.json").is_file()]
+    if earlier:
+        lines.append(f"(in the report from an earlier run, not this one: {', '.join(earlier)})")
     if first:
         m = first["machine"]
         lines.append(f"machine: {m['chip']}, {m['memory_gb']} GB, {m['os']}, mlx {m['mlx']} ({m['device']}), "

@@ -63,9 +63,11 @@ def bars(setup, sweep_entries: list, progress) -> dict:
                                                  begin_round, lambda trial: progress.step(f"bars, round {trial + 1}"))
     trials = {name: [fastest_of(passes) for passes in rounds] for name, rounds in runs.items()}
     tps = {name: statistics.median(values) for name, values in trials.items()}
-    loop = sorted(efficiency, key=lambda e: e["efficiency"])[len(efficiency) // 2] if efficiency else None
+    # The breakdown printed is a middle round's (the lower middle of an even number); the bar
+    # takes the median of every round's efficiency.
+    loop = sorted(efficiency, key=lambda e: e["efficiency"])[(len(efficiency) - 1) // 2] if efficiency else None
     if loop is not None:
-        print_loop_efficiency(loop, g)
+        print_loop_efficiency(loop, g, statistics.median(e["efficiency"] for e in efficiency), len(efficiency))
     best = {a: max(candidates(setup, a), key=tps.get) for a in args.acceptance}
     print(f"\nMedian of {args.trials} interleaved rounds, each the fastest of {args.best_of} run(s) (tok/s; the bars below "
           "take the median of each round's ratio):\n")
@@ -83,7 +85,9 @@ def bars(setup, sweep_entries: list, progress) -> dict:
     print("\nThe adaptive length against the best over all the rounds (the reference those rounds chose, biased "
           "upward), by acceptance: " + ", ".join(f"a = {a:g} {bar['in_sample_ratio']:.2f}" for a, bar in
                                                   zip(args.acceptance, [b for b in measured if "in_sample_ratio" in b])))
-    return {"loop_efficiency": {"median": loop, "rounds": efficiency}, "trials": trials, "runs": runs,
+    median_efficiency = statistics.median(e["efficiency"] for e in efficiency) if efficiency else None
+    return {"loop_efficiency": {"median": median_efficiency, "middle_round": loop, "rounds": efficiency},
+            "trials": trials, "runs": runs,
             "best_of": args.best_of, "median_tps": tps, "best": {f"{a:g}": name for a, name in best.items()},
             "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured,
             "noise": reach}
@@ -131,8 +135,9 @@ def fixed_lengths(setup) -> list:
     return sorted({*setup.args.fixed_lengths, setup.g})
 
 
-def print_loop_efficiency(loop: dict, g: int) -> None:
-    print(f"\nLoop efficiency at a = 1, g = {g}: a cycle alone takes {loop['device_ms']:.2f} ms on the device, "
+def print_loop_efficiency(loop: dict, g: int, median: float, rounds: int) -> None:
+    print(f"\nLoop efficiency at a = 1, g = {g}: {median:.2f}, the median of {rounds} rounds. In a middle round, "
+          f"a cycle alone takes {loop['device_ms']:.2f} ms on the device, "
           f"{loop['loop_ms']:.2f} ms per cycle in the loop: {loop['efficiency']:.2f}; cycles launched pre-built "
           f"{100 * loop['prebuilt_share']:.0f}%, exposed host time {loop['exposed_host_ms']:.2f} ms per cycle; the host "
           f"built each cycle in {loop['build_ms']:.2f} ms, launched it in {loop['launch_ms']:.2f} ms and waited "

@@ -7,6 +7,10 @@ from typing import Optional
 
 from ..errors import SettingsError
 
+# The smallest temperature that samples: float32 logits divided by less overflow to infinity
+# (a logit of 30 by 1e-38), and their distribution would be NaN. 0 is greedy.
+MIN_TEMPERATURE = 1e-30
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -18,6 +22,8 @@ class SamplingSettings:
     def __post_init__(self):
         if not (is_real(self.temperature) and self.temperature >= 0 and math.isfinite(self.temperature)):
             raise SettingsError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise SettingsError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature!r}")
         if not is_integer(self.top_k) or self.top_k < 0:
             raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
         if not (is_real(self.top_p) and 0 < self.top_p <= 1):
