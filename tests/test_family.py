@@ -294,3 +294,43 @@ def test_a_bidirectional_text_model_is_refused(family, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(LoadError, match=r"use_bidirectional_attention is \"all\".*not a causal language model"):
         load_target(str(folder))
+
+
+@pytest.mark.parametrize("config_change", ["full layers' head size is head_dim", "no layer_types"])
+def test_configs_transformers_completes_are_read_as_it_reads_them(tmp_path, config_change):
+    """Two configs transformers reads with its own defaults, found by a review: full layers
+    whose head size equals head_dim (transformers 5.24 then writes no override, and mlx-lm
+    took 512: the weights did not fit), and a config without `layer_types` (transformers: five
+    sliding layers to one full, the last full; mlx-lm's default is four to one, and the memory
+    check counted no K/V). Each loads to transformers' logits and counts its K/V."""
+    import json
+
+    from transformers import Gemma4ForCausalLM
+
+    from mlx_spec import memory
+
+    torch.manual_seed(0)
+    overrides = {"global_head_dim": 32} if config_change.startswith("full") else {}
+    model = Gemma4ForCausalLM(tiny._text_config(**overrides))
+    tiny._randomise(model, 0)
+    if config_change == "no layer_types":  # what transformers builds from the config without them
+        config = model.config.to_dict()
+        config.pop("layer_types"), config.pop("per_layer_config")
+        config["global_head_dim"] = tiny.GLOBAL_HEAD_DIM
+        model = Gemma4ForCausalLM(type(model.config)(**config))
+        tiny._randomise(model, 0)
+    model.eval().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    if config_change == "no layer_types":
+        saved.pop("layer_types", None), saved.pop("per_layer_config", None)
+        saved["global_head_dim"] = tiny.GLOBAL_HEAD_DIM  # as the published configs state it
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+    else:
+        assert "global_head_dim" not in saved and not saved["per_layer_config"]
+    ids = random_ids(PROMPT_LEN)
+    with torch.no_grad():
+        expected = Gemma4ForCausalLM.from_pretrained(tmp_path).eval()(torch.tensor(ids)).logits.numpy()[0]
+    target, _ = load_target(str(tmp_path))
+    logits, _ = target(mx.array(ids), fresh_cache(target))
+    assert np.abs(np.array(logits)[0] - expected).max() <= TOL
+    assert memory.kv_cache_bytes(json.loads((tmp_path / "config.json").read_text()), 1000) > 0

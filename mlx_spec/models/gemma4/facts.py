@@ -73,8 +73,9 @@ def normalize_text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
         text.setdefault(key, value)
     if text.get("model_type") == "gemma4_unified_text":
         text.update(UNIFIED_TEXT_FIXED)
+    text["layer_types"] = transformers_layer_types(text)
     per_layer = text.get("per_layer_config") or {}
-    layer_types = text.get("layer_types") or []
+    layer_types = text["layer_types"] or []
     renames = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
     for index, overrides in per_layer.items():
         i = int(index)
@@ -82,7 +83,23 @@ def normalize_text_config(text: Mapping[str, Any]) -> Dict[str, Any]:
             for key, global_key in renames.items():
                 if key in overrides and text.get(global_key) is None:
                     text[global_key] = overrides[key]
+    if "per_layer_config" in text and text.get("global_head_dim") is None:
+        # transformers leaves an override equal to the base out: the full layers' size is head_dim
+        # (mlx-lm would take 512).
+        text["global_head_dim"] = text.get("head_dim")
     return text
+
+
+def transformers_layer_types(text: Mapping[str, Any]) -> Optional[List[str]]:
+    """Each layer's attention type as transformers reads the config: five sliding layers to one
+    full where it names none (mlx-lm's default is four to one), the last layer full always."""
+    layer_types = text.get("layer_types")
+    layers = text.get("num_hidden_layers")
+    if not layer_types and isinstance(layers, int) and layers > 0:
+        layer_types = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
+    if layer_types and layer_types[-1] != FULL:
+        layer_types = [*layer_types[:-1], FULL]
+    return list(layer_types) if layer_types else layer_types
 
 
 def cached_layer_types(text: Mapping[str, Any]) -> List[str]:
