@@ -269,3 +269,37 @@ def test_auto_drafter_of_an_unknown_structure_is_e2b_s(checkpoints):
     from mlx_spec.models.checkpoint import read_checkpoint
 
     assert drafter_for(read_checkpoint(checkpoints["text"], "target")) == DEFAULT_DRAFTER
+
+
+def _edit_config(folder, change):
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("a config.json that is not UTF-8", r"target .*copy/config.json: not valid JSON \(.utf-8. codec can.t decode"),
+    ("a quantization_config without its method", r"target .*copy: config.json lacks .quant_method., which loading it needs"),
+    ("no K/V-computing full layer", r"target .*copy: .*no K/V-computing layer of type \['full_attention'\]"),
+    ("weights cut short", r"target .*copy: a weights file \(model\*.safetensors\) is unreadable or incomplete"),
+    ("a git-lfs pointer for weights", r"target .*copy: a weights file \(model\*.safetensors\) is unreadable or incomplete"),
+])
+def test_damaged_checkpoints_are_named_not_tracebacks(checkpoints, tmp_path, damage, message):
+    """Each was a raw KeyError, ValueError or UnicodeDecodeError from deep in mlx-lm or json, or
+    worded as weights that do not fit (found by a review): a clone without git-lfs, a download
+    cut short, a hand-edited config."""
+    folder = copy_of(checkpoints["text"], tmp_path)
+    weights = folder / "model.safetensors"
+    if damage == "a config.json that is not UTF-8":
+        (folder / "config.json").write_bytes(b'{"model_type": "gemma4_text\xff"}')
+    elif damage == "a quantization_config without its method":
+        _edit_config(folder, lambda c: c.update(quantization_config={"bits": 4}))
+    elif damage == "no K/V-computing full layer":
+        _edit_config(folder, lambda c: c.update(layer_types=["sliding_attention"] * 5 + ["full_attention"] * 5,
+                                                num_kv_shared_layers=5))
+    elif damage == "weights cut short":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 123456\n")
+    with pytest.raises(LoadError, match=message):
+        load_target(str(folder))

@@ -99,13 +99,19 @@ def weight_files(path: Path) -> list:
 
 def read_json(file: Path, what: str) -> dict:
     try:
-        with open(file) as f:
+        with open(file, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not JSON, or not UTF-8 text
         raise LoadError(f"{what} {file}: not valid JSON ({e})") from None
 
 
 def mlx_error(what: str, path: Path, error: Exception) -> LoadError:
-    """MLX's complaint about weights that do not fit a config, as one line naming the checkpoint."""
+    """mlx-lm's or MLX's complaint about a checkpoint, as one line naming it: a weights file it
+    cannot read, a key the config lacks, or weights that do not fit the config."""
     one_line = " ".join(str(error).split())
+    if "[load_safetensors]" in one_line:
+        return LoadError(f"{what} {path}: a weights file (model*.safetensors) is unreadable or incomplete, as a "
+                         f"download cut short or a git-lfs pointer cloned without git-lfs is: {one_line}")
+    if isinstance(error, KeyError):
+        return LoadError(f"{what} {path}: config.json lacks {one_line}, which loading it needs")
     return LoadError(f"{what} {path}: the weights do not fit the config: {one_line}")

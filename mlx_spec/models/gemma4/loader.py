@@ -11,7 +11,7 @@ from ...errors import LoadError
 from ..checkpoint import Checkpoint, mlx_error
 from ..quantize import check_quantization, quantize_drafter
 from .assistant import Assistant, AssistantConfig
-from .facts import TEXT_TYPES, head_dims, kv_heads, normalize_text_config, text_config
+from .facts import TEXT_TYPES, head_dims, kv_heads, kv_source_layers, normalize_text_config, text_config
 from .sizes import SIZES, size_of
 from .target import Target
 
@@ -29,6 +29,10 @@ def target_from(ckpt: Checkpoint) -> Target:
     if text.get("use_bidirectional_attention") == "all":
         raise LoadError(f"target {ckpt.path}: use_bidirectional_attention is \"all\" (every token attends both "
                         "ways): not a causal language model, nothing to decode with")
+    try:
+        kv_source_layers(text)  # (mlx-lm would fail on it with a bare KeyError)
+    except ValueError as e:
+        raise LoadError(f"target {ckpt.path}: {e}") from None
     if ckpt.config["model_type"] in TEXT_TYPES:
         overrides = text
     else:
@@ -38,7 +42,7 @@ def target_from(ckpt: Checkpoint) -> Target:
         # Lazy: the weights are read when evaluated (loading.py), so that a rank of a group reads
         # only its own shard of them (tensor_parallel.py).
         model, _ = load_model(ckpt.path, lazy=True, model_config=overrides, get_model_classes=_target_classes)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, KeyError, TypeError) as e:
         raise mlx_error("target", ckpt.path, e) from None
     return Target(model, images_attend_both_ways=text.get("use_bidirectional_attention") == "vision")
 
@@ -76,7 +80,7 @@ def drafter_from(ckpt: Checkpoint, quantize_bits: Optional[int] = None,
     overrides = {"text_config": normalize_text_config(text_config(ckpt.config))}
     try:
         assistant, _ = load_model(path, model_config=overrides, get_model_classes=lambda config: (Assistant, Config))
-    except (ValueError, RuntimeError, KeyError) as e:
+    except (ValueError, RuntimeError, KeyError, TypeError) as e:
         raise mlx_error("drafter", path, e) from None
     if quantize_bits or quantize_mode:
         quantize_drafter(assistant, quantize_bits, quantize_mode or "affine")
