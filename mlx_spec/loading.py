@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Optional, Tuple
 
-from .decoding.lockstep import Lockstep
+from .decoding.lockstep import Lockstep, lost_peer
 from .engine import Engine
 from .errors import LoadError
 from .media.side import MediaSide
@@ -52,10 +52,11 @@ def load(
     try:
         engine, refusal = _load(model, drafter, drafter_bits, drafter_mode, context, force, media, registry, lockstep,
                                 experts), None
-    except LoadError as e:
-        if lockstep.size == 1:
+    except Exception as e:  # under a group, any failure of one rank's load (its disk, its memory) is agreed
+        if lockstep.size == 1 or lost_peer(e):
             raise
-        engine, refusal = None, e
+        engine, refusal = None, e if isinstance(e, LoadError) else LoadError(
+            f"rank {lockstep.rank} of the group could not load its share: {type(e).__name__}: {e}")
     if lockstep.size > 1:  # a rank that cannot load stops every rank, rather than leave them waiting for it
         first = int(lockstep.least(float(lockstep.rank if refusal is not None else lockstep.size)))
         if first < lockstep.size:

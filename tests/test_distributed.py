@@ -285,6 +285,19 @@ def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):
     assert "rank 1 of the group of 2 could not load its share" in results[0].stderr
 
 
+def test_a_rank_whose_load_fails_otherwise_stops_every_rank_by_name(checkpoints):
+    """Rank 1's load fails with an error of its own machine that is no LoadError (its disk is
+    full): it says so, and rank 0 stops naming rank 1. Both were tracebacks (found by a review):
+    rank 1's OSError, and rank 0's lost peer at the agreement on the load."""
+    results = by_hand([sys.executable, str(HERE / "faulty_rank.py"), "1:load", "generate", "--model",
+                       str(checkpoints["text"]), "--drafter", str(checkpoints["assistant"]), "--prompt", "hi", "-m", "4"],
+                      timeout=90)
+    for rank in (0, 1):
+        assert results[rank].returncode == 1 and "Traceback" not in results[rank].stderr, results[rank].stderr[-2000:]
+    assert "rank 1 of the group could not load its share: OSError: [Errno 28] No space left" in results[1].stderr
+    assert "rank 1 of the group of 2 could not load its share" in results[0].stderr
+
+
 def test_generate_with_media_under_a_group_reads_the_files_on_rank_0_alone(multimodal, tmp_path):
     """`generate --image --audio` over 2 ranks, each in its own folder, the files given by
     relative paths that only rank 0's folder holds: rank 0 reads them and every rank takes

@@ -36,10 +36,11 @@ class GroupServer:
     """`serve` on 2 ranks: started by mlx.launch, or by hand (`by_hand`: each rank with the
     environment mlx.launch gives it, so that rank 0 outlives a rank that dies)."""
 
-    def __init__(self, checkpoints, by_hand: bool = False, extra=()):
+    def __init__(self, checkpoints, by_hand: bool = False, extra=(), fault=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(checkpoints["text"]), "--drafter",
+        start = [str(Path(__file__).with_name("faulty_rank.py")), fault] if fault else ["-m", "mlx_spec.cli"]
+        command = [sys.executable, *start, "serve", "--model", str(checkpoints["text"]), "--drafter",
                    str(checkpoints["assistant"]), "--port", str(self.port), "--log-level", "warning", "--served-model-name", "target", *extra]
         folder = Path(os.environ.get("TMPDIR", "/tmp"))
         self.logs = [tempfile.TemporaryFile("w+") for _ in (0, 1)]  # gone when closed: nothing left in /tmp
@@ -182,6 +183,25 @@ def test_a_rank_lost_while_serving_ends_its_requests_and_the_server_says_down(ch
         with pytest.raises(openai.InternalServerError, match="The server is down"):
             client.chat.completions.create(model="target", messages=[{"role": "user", "content": "still there?"}],
                                            max_tokens=4)
+    finally:
+        group.stop()
+
+
+def test_rank_0_failing_alone_ends_the_group_instead_of_leaving_it_waiting(checkpoints):
+    """Rank 0's step fails with an error of its own machine (memory ran out there alone): the
+    request gets a 503 saying the group can no longer agree, and rank 0 then ends, so that rank 1,
+    waiting for it in a collective it would never join, ends too (found by a review: both went
+    on for ever, rank 0 answering 503s and rank 1 waiting). The ranks started by hand: nothing
+    but rank 0's end can end rank 1."""
+    group = GroupServer(checkpoints, by_hand=True, fault="0:step")
+    try:
+        client = openai.OpenAI(base_url=group.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.APIError, match="can no longer agree"):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+        for proc in group.procs:
+            proc.wait(60)
+        assert [proc.returncode for proc in group.procs] == [1, 1], group.output()
+        assert "rank 0 ends, so that the other ranks" in group.output()  # (its log keeps the traceback: unexpected)
     finally:
         group.stop()
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import click
 
-from ..decoding.lockstep import launched_group
+from ..decoding.lockstep import launched_group, lost_peer
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
@@ -195,6 +195,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(1)
     except GroupError as e:  # other ranks may be stuck in a collective: end at once, not at teardown
         click.echo(f"mlx-spec: {e}", err=True)
+        sys.stderr.flush()
+        os._exit(1)
+    except RuntimeError as e:
+        if not lost_peer(e):  # (a rank lost while the group joins or loads, before group_faults)
+            raise
+        click.echo(f"mlx-spec: the group lost a rank ({e}); this rank stops too", err=True)
         sys.stderr.flush()
         os._exit(1)
     except BrokenPipeError:

@@ -17,6 +17,7 @@ static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 
 from typing import Any, Callable, Optional, Sequence
 
+from ..errors import GroupError
 from ..options import Options
 from .app import create_app
 from .worker import Worker
@@ -42,9 +43,13 @@ def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str =
             super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    worker.on_broken_group = lambda: setattr(server, "should_exit", True)  # (its 503s are sent first)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises the caught signal again once it has shut down
         pass
     finally:
         worker.close()
+    if worker.broken_group:
+        raise GroupError(f"{worker.down}; rank 0 ends, so that the other ranks, which may wait for it in a "
+                         "collective, end too")

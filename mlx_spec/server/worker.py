@@ -87,6 +87,10 @@ class Worker:
         self.engine, self.cache, self.room, self._load_error = None, None, None, None
         self.agreement: Optional[Agreement] = None
         self.down: Optional[str] = None  # why the server cannot answer any more (its group lost a rank)
+        # Called once when rank 0 failed alone under a group: the other ranks may wait in a
+        # collective it will never join, and only its process ending ends them (serve() stops).
+        self.on_broken_group: Callable[[], None] = lambda: None
+        self.broken_group = False
         self.jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
         self.waiting: deque = deque()  # jobs taken off the queue, not admitted yet (no room)
         self.running: list = []
@@ -213,6 +217,9 @@ class Worker:
             self.snapshot = dict(self.snapshot, rows=0, tokens_per_second=0.0)
         for job in [*self.running, *self.waiting]:
             job.emit(self._down_error())
+        if size > 1 and not lost_peer(error):
+            self.broken_group = True
+            self.on_broken_group()
 
     def _down_error(self) -> APIError:
         return APIError(503, f"The server is down: {self.down}.", type="server_error")
