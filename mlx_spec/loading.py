@@ -71,7 +71,12 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
             raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
     model, drafter = str(model), None if drafter is None else str(drafter)
     model, drafter = resolve_names(model, drafter, registry)
-    check_memory(model, drafter, context, force, registry, lockstep.size, experts)
+    needed = check_memory(model, drafter, context, force, registry, lockstep.size, experts)
+    if lockstep.size > 1 and needed is not None:  # refused before anything is downloaded
+        config = needed.target_config
+        family = registry.family_for_config(config)
+        if family is not None and family.split is not None and config.get("model_type") in family.target_types:
+            family.check_split(needed.target_config, lockstep.size, model, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
     if lockstep.size > 1:

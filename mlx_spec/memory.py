@@ -9,7 +9,7 @@ names for its config (`Family.drafter_for`), counted whenever its size can be kn
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
@@ -33,6 +33,7 @@ class Estimate:
     kv_cache: int  # bytes at `context` tokens
     context: int
     drafter: Optional[str] = None  # the drafter counted in `weights`, if any
+    target_config: Optional[dict] = field(default=None, repr=False)  # config.json, as read for the count
 
     @property
     def total(self) -> int:
@@ -90,7 +91,7 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
             return None
         # (An auto drafter not known offline is left out: the target alone is still checked.)
         weights += drafter_weights or 0
-    return Estimate(weights, kv_cache, context, drafter if drafter_weights else None)
+    return Estimate(weights, kv_cache, context, drafter if drafter_weights else None, config)
 
 
 def _auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:

@@ -20,7 +20,7 @@ import pytest
 from serving import ENV
 
 import tiny
-from mlx_spec import load
+from mlx_spec import LoadError, load
 from mlx_spec.options import Options
 
 HERE = Path(__file__).parent
@@ -321,3 +321,26 @@ def test_generate_with_media_under_a_group_reads_the_files_on_rank_0_alone(multi
     lines = [json.loads(line) for line in results[0].stdout.splitlines() if line.startswith("{")]
     assert [d["token"] for d in lines[:-1]] == [d["token"] for d in reference[:-1]] and len(lines) > 4
     assert lines[-1]["group"] == {"size": 2, "rank": 0} and results[1].stdout == ""
+
+
+def test_a_split_that_cannot_be_is_refused_before_any_download(checkpoints, monkeypatch):
+    """A hub id three ranks cannot split: refused from the config the memory check read, before
+    the weights are downloaded (each rank downloaded the whole checkpoint first: a review)."""
+    from mlx_spec import loading, memory
+    from mlx_spec.decoding.lockstep import Lockstep
+    from mlx_spec.models import FAMILIES
+
+    config = json.loads((checkpoints["text"] / "config.json").read_text())
+    monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (10**6, config))
+    monkeypatch.setattr(loading, "read", lambda *args: pytest.fail("the checkpoint was downloaded"))
+
+    class ThreeRanks:  # what the check sees of a group (no collective runs before it)
+        def size(self):
+            return 3
+
+        def rank(self):
+            return 0
+
+    with pytest.raises(LoadError, match="someone/gemma-4-variant: a group of 3 cannot split its 4 query heads"):
+        loading._load("someone/gemma-4-variant", None, None, None, 8192, False, False, FAMILIES, Lockstep(ThreeRanks()),
+                      "whole")
