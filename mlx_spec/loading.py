@@ -84,7 +84,8 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
             raise LoadError(f"target {target_checkpoint.path}: the {family.name} family cannot be split over a group")
         family.check_split(target_checkpoint.config, lockstep.size, target_checkpoint.path, experts)
     target = family.load_target(target_checkpoint)
-    if drafter == AUTO:
+    auto = drafter == AUTO
+    if auto:
         drafter = family.drafter_for(target_checkpoint)
     assistant, drafter_checkpoint = None, None
     if drafter is not None:
@@ -93,7 +94,13 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
             raise LoadError(f"drafter {drafter_checkpoint.path} is not a drafter of the {family.name} family, "
                             f"which the target {target_checkpoint.path} is of")
         assistant = family.load_drafter(drafter_checkpoint, drafter_bits, drafter_mode)
-        family.check_pair(target, assistant, drafter_checkpoint.path)
+        try:
+            family.check_pair(target, assistant, drafter_checkpoint.path)
+        except LoadError as e:
+            if not auto:
+                raise
+            raise LoadError(f"{e}. This drafter was chosen for the target (drafter=\"auto\"), whose structure is no "
+                            "known size's; pass the drafter made for it, or none (drafter=None, --no-mtp)") from None
     if lockstep.size > 1:
         family.split(target, assistant, lockstep.group, experts)
     evaluate_weights(target)

@@ -303,3 +303,17 @@ def test_damaged_checkpoints_are_named_not_tracebacks(checkpoints, tmp_path, dam
         weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 123456\n")
     with pytest.raises(LoadError, match=message):
         load_target(str(folder))
+
+
+def test_an_auto_drafter_that_does_not_fit_says_it_was_chosen(family):
+    """A target of no known size's structure, the drafter left to "auto": the assistant chosen
+    for it does not fit, and the refusal says it was chosen (it named a drafter the user never
+    gave, found by a review) and how to pass one or none."""
+    import dataclasses
+
+    from mlx_spec.models import GEMMA4, Registry
+
+    chosen = dataclasses.replace(GEMMA4, drafter_for=lambda checkpoint: str(family("e2b")["assistant"]))
+    with pytest.raises(LoadError, match=r"does not match the target: .*This drafter was chosen for the target "
+                                        r"\(drafter=\"auto\"\), .*drafter=None, --no-mtp"):
+        load(str(family("e4b")["target"]), registry=Registry([chosen]))
