@@ -69,6 +69,11 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
     for name, value in (("model", model), ("drafter", drafter)):
         if not isinstance(value, (str, os.PathLike)) and not (name == "drafter" and value is None):
             raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
+    if experts not in ("whole", "split"):
+        raise LoadError(f"experts must be \"whole\" or \"split\", got {experts!r}")
+    if experts == "split" and lockstep.size == 1:
+        raise LoadError("experts=\"split\" (--experts split) divides a mixture's experts between the ranks of a group "
+                        "started by mlx.launch; this process runs alone, with every expert")
     model, drafter = str(model), None if drafter is None else str(drafter)
     model, drafter = resolve_names(model, drafter, registry)
     needed = check_memory(model, drafter, context, force, registry, lockstep.size, experts)

@@ -344,3 +344,29 @@ def test_a_split_that_cannot_be_is_refused_before_any_download(checkpoints, monk
     with pytest.raises(LoadError, match="someone/gemma-4-variant: a group of 3 cannot split its 4 query heads"):
         loading._load("someone/gemma-4-variant", None, None, None, 8192, False, False, FAMILIES, Lockstep(ThreeRanks()),
                       "whole")
+
+
+def test_splitting_experts_a_model_does_not_have_is_refused(checkpoints, monkeypatch):
+    """`--experts split` was taken and did nothing on a dense target, or in one process (a
+    review): each is refused by name, as is a value that is neither."""
+    from mlx_spec import loading, memory
+    from mlx_spec.decoding.lockstep import Lockstep
+    from mlx_spec.models import FAMILIES
+
+    with pytest.raises(LoadError, match="this process runs alone, with every expert"):
+        load(str(checkpoints["text"]), str(checkpoints["assistant"]), experts="split")
+    with pytest.raises(LoadError, match="experts must be \"whole\" or \"split\", got 'halves'"):
+        load(str(checkpoints["text"]), str(checkpoints["assistant"]), experts="halves")
+    config = json.loads((checkpoints["text"] / "config.json").read_text())
+    monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (10**6, config))
+    monkeypatch.setattr(loading, "read", lambda *args: pytest.fail("the checkpoint was downloaded"))
+
+    class TwoRanks:
+        def size(self):
+            return 2
+
+        def rank(self):
+            return 0
+
+    with pytest.raises(LoadError, match="has no experts to split: .*for a mixture of experts, such as 26b-a4b"):
+        loading._load("someone/dense", None, None, None, 8192, False, False, FAMILIES, Lockstep(TwoRanks()), "split")

@@ -68,6 +68,9 @@ def quantization_group(config: dict) -> int:
 
 def check_split(config: dict, size: int, path, experts: str = "whole") -> None:
     """A LoadError, before any weight is read, where `size` ranks cannot split this target."""
+    if experts == "split" and not normalize_text_config(text_config(config)).get("enable_moe_block"):
+        raise LoadError(f"target {path} has no experts to split: experts=\"split\" (--experts split) is for a "
+                        "mixture of experts, such as 26b-a4b")
     problems = split_problems(config, size, experts)
     if problems:
         raise LoadError(f"target {path}: a group of {size} cannot split " + ", ".join(problems) +
