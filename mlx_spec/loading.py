@@ -104,8 +104,10 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
         except LoadError as e:
             if not auto:
                 raise
-            raise LoadError(f"{e}. This drafter was chosen for the target (drafter=\"auto\"), whose structure is no "
-                            "known size's; pass the drafter made for it, or none (drafter=None, --no-mtp)") from None
+            size = family.size_of(target)
+            why = f"the {size} size it has the structure of" if size else "no known size's structure, the nearest"
+            raise LoadError(f"{e}. This drafter was chosen for the target (drafter=\"auto\": {why}); pass the "
+                            "drafter made for it, or none (drafter=None, --no-mtp)") from None
     if lockstep.size > 1:
         family.split(target, assistant, lockstep.group, experts)
     evaluate_weights(target)

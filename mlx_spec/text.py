@@ -63,7 +63,11 @@ class TextSide:
         template (with a generation prompt; thinking on or off, always said explicitly, since
         mlx-lm would turn it on for any tokenizer that has thinking tokens)."""
         if isinstance(prompt, str):
-            return list(self.require_tokenizer("a text prompt").encode(prompt))
+            tokenizer = self.require_tokenizer("a text prompt")
+            bos = getattr(tokenizer, "bos_token", None)
+            if bos and prompt.startswith(bos):  # a prompt rendered by its caller: no second <bos>
+                return list(tokenizer.encode(prompt, add_special_tokens=False))
+            return list(tokenizer.encode(prompt))
         if not isinstance(prompt, Iterable):
             raise SettingsError(f"a prompt must be a string, a list of token ids, or a list of chat messages, "
                                 f"got {type(prompt).__name__}")

@@ -73,6 +73,23 @@ def test_tool_results_render_natively_inside_the_model_turn(engine):
     )
 
 
+def test_words_before_a_call_leave_the_turn_open_for_the_results(engine):
+    """An assistant message with words and calls (what a client echoes when the model wrote a
+    preamble, as Claude Code's and Codex's histories do): Google's template writes its words
+    after the results and ends the turn there, so the model went on outside any turn (found by
+    a review). The words are left out where results follow: the prompt is the one without
+    them, the turn open for the model's answer, and later turns follow it as they do."""
+    with_words = dict(calls_message(), content="Let me check.")
+    bare = QUESTION_MESSAGES + [calls_message()] + results_messages()
+    worded = QUESTION_MESSAGES + [with_words] + results_messages()
+    assert rendered(engine, worded, TOOLS) == rendered(engine, bare, TOOLS)
+    assert rendered(engine, worded, TOOLS).endswith("<tool_response|>")
+    later = [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "Thanks"}]
+    assert rendered(engine, worded + later, TOOLS) == rendered(engine, bare + later, TOOLS)
+    # Without results after them (the calls last), the words stay where the template puts them.
+    assert "Let me check." in rendered(engine, QUESTION_MESSAGES + [with_words], TOOLS)
+
+
 def test_tool_result_messages():
     assert tool_result("f", {"a": 1}, "call_1") == {"role": "tool", "name": "f", "content": {"a": 1}, "tool_call_id": "call_1"}
     assert tool_result("f", "text") == {"role": "tool", "name": "f", "content": "text"}
@@ -253,6 +270,21 @@ def test_tool_call_output_parses():
     assert [(c["name"], c["arguments"]) for c in parsed] == [("get_current_time", {"city": "Taipei"})]
     assert parsed[0]["id"].startswith("call_")
     assert parse_tool_calls("<|tool_call>not a call<tool_call|>") == []
+
+
+def test_calls_with_any_key_the_template_writes_parse_back(engine):
+    """Arguments as Google's template writes them, keys bare whatever they are (Claude Code's
+    Grep takes `-i`, `-A`, `-C`; schemas say `user-id`): each parses back to the arguments
+    given. mlx-lm's parser reads \\w+ keys only: such a call was dropped, and the answer ended
+    with neither text nor call (found by a review)."""
+    arguments = {"-i": True, "-A": 3, "pattern": "a{b}, c:d", "user-id": "x\ny \" z",
+                 "opts": {"max-len": 3, "list": [1, 2, {"k-v": "q"}]}}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "Grep", "arguments": arguments}}]}
+    text = rendered(engine, QUESTION_MESSAGES + [call], TOOLS)
+    assert "-i:true" in text and "user-id:" in text  # bare, as the template writes them
+    (parsed,) = parse_tool_calls(text)
+    assert parsed["name"] == "Grep" and parsed["arguments"] == arguments
 
 
 def test_chat_needs_a_tokenizer(checkpoints):

@@ -620,3 +620,24 @@ def test_a_drafter_gets_begin_and_accept_per_sequence(engine, prompt, reference)
         assert witness.calls_log[0][1] is state and witness.calls_log[0][2] == before
         assert all(c[1] is state for c in witness.calls_log)
         assert sum((c[2] for c in witness.calls_log[1:]), []) == out
+
+
+def test_a_text_prompt_that_starts_with_bos_gets_no_second_one(checkpoints, tmp_path):
+    """A raw prompt a client rendered itself (`/v1/completions`, `generate --raw`) starts with
+    <bos>; a tokenizer that adds one, as Gemma's do, made it two (found by a review; mlx-lm's
+    server guards the same way). A prompt without it still gets the tokenizer's."""
+    import json
+    import shutil
+
+    folder = tmp_path / "adds-bos"
+    shutil.copytree(checkpoints["text"], folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    text = load(str(folder), drafter=None).text
+    plain = text.encode("Hello there")
+    assert plain[0] == 2 and plain.count(2) == 1
+    assert text.encode("<bos>Hello there") == plain

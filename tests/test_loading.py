@@ -279,7 +279,7 @@ def _edit_config(folder, change):
 
 @pytest.mark.parametrize("damage, message", [
     ("a config.json that is not UTF-8", r"target .*copy/config.json: not valid JSON \(.utf-8. codec can.t decode"),
-    ("a quantization_config without its method", r"target .*copy: config.json lacks .quant_method., which loading it needs"),
+    ("a quantization_config without its method", r"target .*copy: mlx-lm needs .quant_method., which config.json \(or the weights\) lacks"),
     ("no K/V-computing full layer", r"target .*copy: .*no K/V-computing layer of type \['full_attention'\]"),
     ("weights cut short", r"target .*copy: a weights file \(model\*.safetensors\) is unreadable or incomplete"),
     ("a git-lfs pointer for weights", r"target .*copy: a weights file \(model\*.safetensors\) is unreadable or incomplete"),
@@ -315,5 +315,5 @@ def test_an_auto_drafter_that_does_not_fit_says_it_was_chosen(family):
 
     chosen = dataclasses.replace(GEMMA4, drafter_for=lambda checkpoint: str(family("e2b")["assistant"]))
     with pytest.raises(LoadError, match=r"does not match the target: .*This drafter was chosen for the target "
-                                        r"\(drafter=\"auto\"\), .*drafter=None, --no-mtp"):
+                                        r"\(drafter=\"auto\": no known size's structure, the nearest\); .*drafter=None, --no-mtp"):
         load(str(family("e4b")["target"]), registry=Registry([chosen]))

@@ -363,3 +363,14 @@ def test_a_prompt_stopped_inside_a_clip_keeps_it_and_never_resumes_inside_it(eng
     cache.give_back(state)
     again = engine.generate(messages(LONG_AUDIO), max_tokens=8, mtp=False, cache=cache)
     assert again.tokens == engine.generate(messages(LONG_AUDIO), max_tokens=8, mtp=False).tokens
+
+
+def test_an_encoder_giving_the_wrong_number_of_soft_tokens_is_caught_before_any_piece():
+    """A clip cut between chunks is embedded once and sliced: an encoder that gives more rows
+    than the clip's soft tokens would pass every slice's check (a review), so the whole is
+    checked."""
+    from mlx_spec.media.items import MediaItem
+
+    span = MediaSpan(5, MediaItem("audio", 10, "d", ()), lambda: mx.zeros((12, 4))).embedded_once()
+    with pytest.raises(ValueError, match=r"the audio encoder gave \(12, 4\) for 10 soft tokens"):
+        span.piece(5, 8).embed()

@@ -71,7 +71,11 @@ class MediaSpan:
 
         def embed() -> mx.array:
             if not done:
-                done.append(self.embed())
+                features = self.embed()
+                if features.shape[0] != self.item.tokens:  # (each piece's slice would hide it)
+                    raise ValueError(f"the {self.item.kind} encoder gave {tuple(features.shape)} for "
+                                     f"{self.item.tokens} soft tokens")
+                done.append(features)
             return done[0]
 
         return MediaSpan(self.start, self.item, embed)

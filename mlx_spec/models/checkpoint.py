@@ -113,5 +113,7 @@ def mlx_error(what: str, path: Path, error: Exception) -> LoadError:
         return LoadError(f"{what} {path}: a weights file (model*.safetensors) is unreadable or incomplete, as a "
                          f"download cut short or a git-lfs pointer cloned without git-lfs is: {one_line}")
     if isinstance(error, KeyError):
-        return LoadError(f"{what} {path}: config.json lacks {one_line}, which loading it needs")
+        return LoadError(f"{what} {path}: mlx-lm needs {one_line}, which config.json (or the weights) lacks")
+    if isinstance(error, TypeError):
+        return LoadError(f"{what} {path}: mlx-lm cannot build the model from this config.json: {one_line}")
     return LoadError(f"{what} {path}: the weights do not fit the config: {one_line}")

@@ -44,6 +44,8 @@ def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str =
 
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     worker.on_broken_group = lambda: setattr(server, "should_exit", True)  # (its 503s are sent first)
+    if worker.broken_group:  # (it broke before the callback was set)
+        server.should_exit = True
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises the caught signal again once it has shut down

@@ -25,18 +25,48 @@ TOOL_CALL_BLOCK = re.compile(
 )
 
 
+# One call as Google's template writes it in its block: `call:NAME{ARGUMENTS}`.
+ONE_CALL = re.compile(r"\s*call:([^{\s]+)(\{.*\})\s*", re.DOTALL)
+QUOTED = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.DOTALL)
+# A bare key: anything up to its colon but the format's own delimiters. The template writes a
+# key as it is (Claude Code's Grep takes `-i` and `-A`; a schema may say `user-id`), where
+# mlx-lm's parser quotes \w+ keys only and drops the call.
+BARE_KEY = re.compile(r"(?<=[{,])\s*([^\s{}\[\],:\x00][^{}\[\],:\x00]*?)\s*:")
+
+
 def parse_tool_calls(text: str) -> List[Dict[str, Any]]:
-    """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}], parsed with mlx-lm's
-    Gemma 4 parser. A malformed call is left out."""
+    """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}]: each block's call read
+    with any key the template writes, else with mlx-lm's Gemma 4 parser (several calls in one
+    block). A malformed call is left out."""
     calls = []
     for body in TOOL_CALL_BLOCK.findall(text):
         try:
-            parsed = gemma4_tools.parse_tool_call(body)
+            parsed = _one_call(body) or gemma4_tools.parse_tool_call(body)
         except ValueError:  # json.JSONDecodeError is a ValueError too
             continue
         for call in parsed if isinstance(parsed, list) else [parsed]:
             calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", **call})
     return calls
+
+
+def _one_call(body: str) -> Optional[Dict[str, Any]]:
+    """{"name", "arguments"} of a block holding one call, or None where it holds another shape."""
+    match = ONE_CALL.fullmatch(body)
+    if match is None:
+        return None
+    strings: List[str] = []
+
+    def hold(found) -> str:  # the strings out of the way while keys are quoted
+        strings.append(found.group(1))
+        return f"\x00{len(strings) - 1}\x00"
+
+    arguments = BARE_KEY.sub(lambda m: json.dumps(m.group(1)) + ":", QUOTED.sub(hold, match.group(2)))
+    arguments = re.sub(r"\x00(\d+)\x00", lambda m: json.dumps(strings[int(m.group(1))]), arguments)
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return None  # (mlx-lm's parser has its say)
+    return {"name": match.group(1), "arguments": parsed} if isinstance(parsed, dict) else None
 
 
 class Channels:
@@ -97,6 +127,10 @@ def for_template(messages: List[Message]) -> List[Message]:
     strings only.) Content given as parts is joined to its text, and call arguments given as a
     JSON string (as OpenAI clients send them) are read into the mapping the template writes.
 
+    An assistant message's words before its calls (a client's echo of a preamble) are left out
+    once results follow: the template would write them after the results and end the turn the
+    model goes on in.
+
     A tool result must answer a call of the assistant message before it: by `tool_call_id`
     where it gives one, else by `name`, else the next call not yet answered. One that answers
     no call is a SettingsError naming it, never dropped or put onto another call."""
@@ -104,6 +138,10 @@ def for_template(messages: List[Message]) -> List[Message]:
     for index, message in enumerate(messages):
         calls = out[-1].get("tool_calls") if out and out[-1].get("role") == "assistant" else None
         if message.get("role") == "tool":
+            if calls and "tool_responses" not in out[-1]:
+                # Words before the calls: the template writes a message's words after its results
+                # and ends the turn there, which the model continues; it has no place for them.
+                out[-1]["content"] = ""
             answered = out[-1].setdefault("tool_responses", []) if calls else None
             call = _answered_call(calls, answered, message, index)
             name = (call.get("function") or {}).get("name") or message.get("name") or "unknown"
