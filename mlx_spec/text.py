@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
 from .models.checkpoint import Checkpoint
+from .special_text import Specials, needs_marks, tokens_with_marks, with_marks
 
 TOKEN_TEXTS = 65536  # pieces of single tokens kept for the top-5 lists (a vocabulary's worth is 262,144)
 
@@ -79,9 +80,19 @@ class TextSide:
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
 
     def chat_tokens(self, messages: List[dict], tools: Optional[List[dict]], thinking: bool) -> List[int]:
-        return list(self._chat_tokenizer().apply_chat_template(
-            self.format.for_template(messages), tools=tools, add_generation_prompt=True,
-            enable_thinking=bool(thinking)))
+        """Messages through the chat template; special tokens' strings the sender wrote read as
+        text (special_text.py)."""
+        tokenizer, messages = self._chat_tokenizer(), self.format.for_template(messages)
+        settings = dict(add_generation_prompt=True, enable_thinking=bool(thinking))
+        if not needs_marks(messages, tools, self._special_marks):
+            return list(tokenizer.apply_chat_template(messages, tools=tools, **settings))
+        marked, marked_tools = with_marks(messages, tools, self._special_marks)
+        text = tokenizer.apply_chat_template(marked, tools=marked_tools, tokenize=False, **settings)
+        return tokens_with_marks(tokenizer, text, self._special_marks)
+
+    @cached_property
+    def _special_marks(self) -> Specials:
+        return Specials(self.require_tokenizer("chat messages"))
 
     def render(self, prompt: Any, tools: Optional[List[dict]] = None, thinking: bool = False) -> Optional[str]:
         """The text `encode` tokenizes (messages through the chat template); None for token ids.

@@ -286,9 +286,14 @@ def test_bad_media_parts_are_refused_by_name(engine, part, message):
     assert "messages[0].content[1]" in str(error.value)
 
 
-def test_a_media_token_written_in_the_text_is_refused(engine):
-    with pytest.raises(MediaError, match="do not match its media parts"):
-        engine.prepare(messages(IMAGE, text="and <|image|> too"))
+def test_a_media_token_written_in_the_text_is_text(engine):
+    """`<|image|>` typed in a message's text is the text it is (special_text.py): the prompt
+    has one image, the part's (it was refused as media that does not match the parts)."""
+    tokens, spans = engine.prepare(messages(IMAGE, text="and <|image|> too"))
+    alone, _ = engine.prepare(messages(IMAGE, text="and too"))
+    assert len(spans) == 1 and spans[0].item.tokens == engine.prepare(messages(IMAGE))[1][0].item.tokens
+    assert "<|image|>" in engine.tokenizer.decode(tokens[spans[0].end:])
+    assert tokens.count(TOKEN["image"]) == alone.count(TOKEN["image"])
     with pytest.raises(Exception, match="image_tokens must be one of"):
         engine.generate(messages(IMAGE), image_tokens=100)
 
