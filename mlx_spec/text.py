@@ -145,6 +145,24 @@ class TextSide:
             self._token_texts[token] = None if self.tokenizer is None else self.tokenizer.decode([token])
         return self._token_texts[token]
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`): a byte token's one byte,
+        where its text alone is a replacement character. Read from the streaming detokenizer's
+        own map of the vocabulary (SentencePiece's byte fallback, GPT-2's byte-level pieces)."""
+        detokenizer = getattr(self.tokenizer, "detokenizer", None)
+        pieces = getattr(detokenizer, "tokenmap", None)
+        if pieces is None or not 0 <= token < len(pieces):
+            return (self.token_text(token) or "").encode()
+        piece = pieces[token]
+        if isinstance(piece, bytes):  # SentencePiece: its word-start mark is a space
+            return piece.replace("\u2581".encode(), b" ")
+        from mlx_lm.tokenizer_utils import _byte_decoder  # byte-level BPE: one character per byte
+
+        byte_of = _byte_decoder()
+        if all(c in byte_of for c in piece):
+            return bytes(byte_of[c] for c in piece)
+        return piece.encode()  # an added token, such as the format's markers
+
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
         each token's text as written (`raw`) and as shown in its channel (`text`)."""

@@ -105,6 +105,8 @@ def test_logprobs_come_from_the_reports(client, model, engine):
     assert len(content) == len(shown) > 0
     for entry, step in zip(content, shown):
         assert entry.token == engine.text.token_text(step.token)
+        assert entry.bytes == list(engine.text.token_bytes(step.token))
+        assert [t.bytes for t in entry.top_logprobs] == [list(engine.text.token_bytes(i)) for i, _, _ in step.top]
         assert entry.logprob == pytest.approx(math.log(step.prob), abs=1e-5)
         assert [t.token for t in entry.top_logprobs] == [t for _, _, t in step.top]
         assert [t.logprob for t in entry.top_logprobs] == sorted([t.logprob for t in entry.top_logprobs], reverse=True)

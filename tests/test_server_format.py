@@ -12,7 +12,7 @@ from mlx_spec.decoding.stats import Stats
 from mlx_spec.decoding.reports import TokenReport
 from mlx_spec.generation import StopStrings, build_result
 from mlx_spec.server.generation import Done, Token
-from mlx_spec.server.chat_objects import ChatFormat
+from mlx_spec.server.chat_objects import chat_logprobs, ChatFormat
 from mlx_spec.server.schemas import ChatRequest
 
 CALL = '<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'
@@ -27,8 +27,20 @@ def generated(engine, text, end):
     """Reports for the tokens of `text` and a stop token, as the engine streams them."""
     ids = engine.tokenizer.encode(text, add_special_tokens=False) + [end]
     steps = list(engine.text.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
-    tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens) for s in steps]
+    tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens, engine.text.token_bytes)
+              for s in steps]
     return steps, tokens
+
+
+def test_logprobs_bytes_rebuild_characters_split_over_byte_tokens(engine):
+    """An emoji and two CJK characters, each over several byte tokens: each token's text alone
+    is a replacement character, and its `bytes` are now its bytes (they were the replacement
+    character's, found by a review), so that joined they rebuild the text, as OpenAI's do."""
+    text = "Hi 😀 台北"
+    steps, tokens = generated(engine, text, engine.tokenizer.convert_tokens_to_ids("<turn|>"))
+    entries = chat_logprobs(tokens, 0)["content"]
+    assert "\ufffd" in "".join(e["token"] for e in entries)
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == text
 
 
 def test_a_generated_tool_call_comes_back_as_openai_tool_calls(engine):

@@ -68,12 +68,17 @@ def chat_logprobs(tokens: List[Token], top: int) -> Optional[Dict[str, Any]]:
         if not in_content(token):
             continue
         r = token.report
+        # A byte token's text alone is a replacement character; its bytes rebuild the character.
         content.append({
-            "token": token.token_text, "logprob": logprob(r.prob), "bytes": list(token.token_text.encode()),
-            "top_logprobs": [{"token": t or "", "logprob": logprob(p), "bytes": list((t or "").encode())}
-                             for _, p, t in r.top[:top]],
+            "token": token.token_text, "logprob": logprob(r.prob), "bytes": list(_bytes(token, r.token, token.token_text)),
+            "top_logprobs": [{"token": t or "", "logprob": logprob(p), "bytes": list(_bytes(token, i, t))}
+                             for i, p, t in r.top[:top]],
         })
     return {"content": content}
+
+
+def _bytes(token: Token, token_id: int, text: Optional[str]) -> bytes:
+    return token.bytes_of(token_id) if token.bytes_of is not None else (text or "").encode()
 
 
 class OpenAIForm:

@@ -38,6 +38,7 @@ class Token:
     report: TokenReport
     token_text: str  # the token's own text (for logprobs), whatever text it shows in the answer
     is_stop: bool  # a stop token: it ends the answer and shows nothing
+    bytes_of: Optional[Callable[[int], bytes]] = None  # a token's bytes (logprobs), by id: TextSide.token_bytes
 
 
 @dataclass
@@ -87,7 +88,8 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
                 if report is WAITING:  # nothing new until the batch's next step
                     yield report
                     continue
-                yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens)
+                yield Token(report, engine.text.token_text(report.token), report.token in engine.stop_tokens,
+                            engine.text.token_bytes)
             yield Done(answer.result, answer.result.finish_reason, answer.text, answer.stops.matched)
         finally:  # closed at any event (the client left): the stream first, then the sequence
             reports.close()
