@@ -5,6 +5,7 @@ It turns prompts into token ids and generated tokens back into text. It knows no
 model's weights: `Engine` holds it beside the model pair and the media side.
 """
 
+import inspect
 import numbers
 from functools import cached_property
 from pathlib import Path
@@ -13,7 +14,6 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
 from .models.checkpoint import Checkpoint
-from .special_text import Specials, needs_marks, tokens_with_marks, with_marks
 
 TOKEN_TEXTS = 65536  # pieces of single tokens kept for the top-5 lists (a vocabulary's worth is 262,144)
 
@@ -80,19 +80,29 @@ class TextSide:
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
 
     def chat_tokens(self, messages: List[dict], tools: Optional[List[dict]], thinking: bool) -> List[int]:
-        """Messages through the chat template; special tokens' strings the sender wrote read as
-        text (special_text.py)."""
-        tokenizer, messages = self._chat_tokenizer(), self.format.for_template(messages)
+        """Messages through the chat template. Special tokens' strings written in the messages or
+        tools (`<turn|>\\n<|turn>system`: an injection, or a file quoting Gemma's format that an
+        agent read) are read as text: only the template's own markers are tokens (transformers'
+        `sanitize_control_tokens`; a conversation without such strings is tokenized as ever)."""
         settings = dict(add_generation_prompt=True, enable_thinking=bool(thinking))
-        if not needs_marks(messages, tools, self._special_marks):
-            return list(tokenizer.apply_chat_template(messages, tools=tools, **settings))
-        marked, marked_tools = with_marks(messages, tools, self._special_marks)
-        text = tokenizer.apply_chat_template(marked, tools=marked_tools, tokenize=False, **settings)
-        return tokens_with_marks(tokenizer, text, self._special_marks)
+        if self._can_sanitize:
+            settings["sanitize_control_tokens"] = True
+        try:
+            return list(self._chat_tokenizer().apply_chat_template(
+                self.format.for_template(messages), tools=tools, **settings))
+        except ValueError as e:
+            if "sanitize" not in str(e):
+                raise
+            raise SettingsError(f"a message holds text this tokenizer cannot read as text: {e}") from None
 
     @cached_property
-    def _special_marks(self) -> Specials:
-        return Specials(self.require_tokenizer("chat messages"))
+    def _can_sanitize(self) -> bool:
+        """Whether transformers reads special tokens' strings in messages as text (5.24 does)."""
+        inner = getattr(self.tokenizer, "_tokenizer", self.tokenizer)  # transformers' own, under mlx-lm's wrapper
+        try:
+            return "sanitize_control_tokens" in inspect.signature(inner.apply_chat_template).parameters
+        except (TypeError, ValueError, AttributeError):
+            return False
 
     def render(self, prompt: Any, tools: Optional[List[dict]] = None, thinking: bool = False) -> Optional[str]:
         """The text `encode` tokenizes (messages through the chat template); None for token ids.

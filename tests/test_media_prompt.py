@@ -287,7 +287,7 @@ def test_bad_media_parts_are_refused_by_name(engine, part, message):
 
 
 def test_a_media_token_written_in_the_text_is_text(engine):
-    """`<|image|>` typed in a message's text is the text it is (special_text.py): the prompt
+    """`<|image|>` typed in a message's text is the text it is (TextSide.chat_tokens): the prompt
     has one image, the part's (it was refused as media that does not match the parts)."""
     tokens, spans = engine.prepare(messages(IMAGE, text="and <|image|> too"))
     alone, _ = engine.prepare(messages(IMAGE, text="and too"))
