@@ -81,7 +81,7 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
         config = needed.target_config
         family = registry.family_for_config(config)
         if family is not None and family.split is not None and config.get("model_type") in family.target_types:
-            family.check_split(needed.target_config, lockstep.size, model, experts)
+            family.check_split(config, lockstep.size, model, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
     if lockstep.size > 1:

@@ -323,6 +323,19 @@ def test_generate_with_media_under_a_group_reads_the_files_on_rank_0_alone(multi
     assert lines[-1]["group"] == {"size": 2, "rank": 0} and results[1].stdout == ""
 
 
+class RankZeroOf:
+    """What the load's checks see of a group of `n` (no collective runs before them)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def size(self):
+        return self.n
+
+    def rank(self):
+        return 0
+
+
 def test_a_split_that_cannot_be_is_refused_before_any_download(checkpoints, monkeypatch):
     """A hub id three ranks cannot split: refused from the config the memory check read, before
     the weights are downloaded (each rank downloaded the whole checkpoint first: a review)."""
@@ -334,15 +347,8 @@ def test_a_split_that_cannot_be_is_refused_before_any_download(checkpoints, monk
     monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (10**6, config))
     monkeypatch.setattr(loading, "read", lambda *args: pytest.fail("the checkpoint was downloaded"))
 
-    class ThreeRanks:  # what the check sees of a group (no collective runs before it)
-        def size(self):
-            return 3
-
-        def rank(self):
-            return 0
-
     with pytest.raises(LoadError, match="someone/gemma-4-variant: a group of 3 cannot split its 4 query heads"):
-        loading._load("someone/gemma-4-variant", None, None, None, 8192, False, False, FAMILIES, Lockstep(ThreeRanks()),
+        loading._load("someone/gemma-4-variant", None, None, None, 8192, False, False, FAMILIES, Lockstep(RankZeroOf(3)),
                       "whole")
 
 
@@ -361,12 +367,5 @@ def test_splitting_experts_a_model_does_not_have_is_refused(checkpoints, monkeyp
     monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (10**6, config))
     monkeypatch.setattr(loading, "read", lambda *args: pytest.fail("the checkpoint was downloaded"))
 
-    class TwoRanks:
-        def size(self):
-            return 2
-
-        def rank(self):
-            return 0
-
     with pytest.raises(LoadError, match="has no experts to split: .*for a mixture of experts, such as 26b-a4b"):
-        loading._load("someone/dense", None, None, None, 8192, False, False, FAMILIES, Lockstep(TwoRanks()), "split")
+        loading._load("someone/dense", None, None, None, 8192, False, False, FAMILIES, Lockstep(RankZeroOf(2)), "split")
