@@ -319,6 +319,28 @@ def test_a_probe_that_keeps_everything_is_followed_by_a_longer_one():
     assert policy.choose(budget=100) == min(4 * probe_g, 8)
 
 
+def test_a_probe_that_keeps_what_was_expected_is_followed_by_no_longer_one():
+    """Near break-even (a guess costs 0.62 of a pass, half the guesses are kept) a request runs
+    plain and every other probe keeps its guess. That is what its figures expected, not news: a
+    four-guess probe after it would cost 2.4 passes for about 1.9 tokens, every other probe.
+    (Before, every probe that kept everything was followed by one; the noise-free simulation of
+    the bars' order read 0.955 of the best fixed length at a = 0.5 with it, 0.963 without.)"""
+    def cost(g):
+        return 1.0 if g == 0 else 1.26 + 0.36 * g
+
+    policy = Alone()
+    simulate(policy, acceptance=0.5, cycles=300, cost=cost)
+    while policy.choose(budget=100) == 0:
+        policy.observe(0, 0, 1.0)
+    probe_g = policy.policy.probe_g
+    assert 0.3 < policy.policy.stats.rates(probe_g)[0] < 0.8  # (so keeping the probe's guess was likely)
+    policy.observe(0, 0, 1.0)  # the plain cycle that ran while the probe was chosen
+    policy.choose(budget=100)  # chosen while the probe runs
+    policy.observe(probe_g, probe_g, cost(probe_g))  # the probe keeps everything
+    assert policy.policy.probe == 0
+    assert policy.choose(budget=100) < 4 * probe_g
+
+
 def test_a_probe_whose_drafter_proposed_nothing_still_ends():
     """Prompt lookup may propose no guess: the probe ran with none, and probing goes on later."""
     policy = stopped_policy()

@@ -16,7 +16,11 @@ the time. Near break-even a probe costs next to nothing and comes every few cycl
 guesses are never kept it costs its whole extra time and comes rarely. A request's first cycles
 are a probe too: two guesses, four times as many each time all are kept, until one misses (so a
 run where everything is kept reaches its best length in two cycles, whatever the engine's earlier
-requests kept). Where the engine's own guesses, judged often, are not worth a probe, the first
+requests kept). A later probe that keeps everything is followed by a longer one only where the
+request's own figures gave that less than a third of a chance (SURPRISING): news that its content
+became easier to guess. Where they expected it (near break-even, every other probe keeps
+everything), a longer probe would cost its whole draft for a figure the probe just updated, and
+the cost model decides from that figure. Where the engine's own guesses, judged often, are not worth a probe, the first
 probe is prompt lookup's alone: it asks only whether the request's text repeats itself, and costs
 nothing where it does not. In a batch, a step's cost is paid by every row, however many of them
 probe in it: rows' probes that are nearly due go out together with one that is due, and a new
@@ -29,6 +33,7 @@ resets it. The loop chooses a cycle's length while the cycle before it runs, so 
 handed out once until it settles or is withdrawn (its step was dropped unrun).
 """
 
+from math import prod
 from typing import List, Optional, Tuple
 
 from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS
@@ -37,6 +42,10 @@ MAX_PROBE_INTERVAL = 128  # plain cycles
 FIRST_PROBE = 2  # guesses of a request's first cycle
 PROBE_OVERHEAD = 0.01  # the share of the time probing may cost
 PROBE_WEIGHT = 0.3  # at least this weight for a probe's news (rare news about content that may have changed)
+# A periodic probe keeping everything was news (its content changed) below this chance by the
+# request's own figures: a noise-free simulation of the bars' order (12-40 seeds, this CPU's and
+# a Mac's costs) drafted less where guessing did not pay at 1/4, 1/3 and 1/2 alike (docs/benchmarks.md).
+SURPRISING = 1 / 3
 MIN_GAIN = 0.05  # expected tokens a row's guesses must add to be worth drafting (draft_lengths.py, retiming.py)
 READY, DUE = 1, 2  # a row's probe may go out in a step another row probes in; must go out now
 
@@ -202,6 +211,7 @@ class DraftLength:
         # own content may be far easier to guess than the engine's recent ones.
         self.probe = min(first_probe, self.max_g) if fixed is None else 0
         self.first = self.probe > 0  # the first probe is still to come
+        self.opening = self.first  # the first probe and the longer ones that follow it
         # The probe due or out is drafted by the drafters that guess for free (prompt lookup)
         # alone, not the assistant: where the engine's assistant guesses are not worth a probe
         # (draft_lengths.py), a request's first probe asks only whether its text repeats itself.
@@ -249,7 +259,7 @@ class DraftLength:
     def skip_first_probe(self) -> None:
         """The request drafts from its first cycle on the engine's acceptance: no probe first."""
         if self.first:
-            self.first, self.probe = False, 0
+            self.first, self.opening, self.probe = False, False, 0
 
     def free_first_probe(self) -> None:
         """The engine's assistant guesses are not worth a probe: the first probe is drafted by the
@@ -287,12 +297,17 @@ class DraftLength:
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
         self.cycles += 1
         probing = asked > 0 and asked == self.probe
+        # The chance, before this news, that every guess would be kept (the module's docstring).
+        chance = prod(self.stats.rates(g)) if probing and g else 1.0
         self.stats.observe(g, kept, PROBE_WEIGHT if probing else None)
         if self.prior is not None:
             self.prior.observe(g, kept)
         if asked > 0 and self.adaptive:
-            # A probe that kept everything is followed by a longer one; a miss ends probing.
-            self.probe = min(4 * g, self.max_g) if probing and kept == g == asked and g < self.max_g else 0
+            # A probe that kept everything is followed by a longer one, in the opening or where
+            # that was news; a miss ends probing.
+            longer = probing and kept == g == asked and g < self.max_g and (self.opening or chance < SURPRISING)
+            self.probe = min(4 * g, self.max_g) if longer else 0
+            self.opening = self.opening and longer
             self.probe_out = self.free_only = False
             if probing and g > 0:  # (a drafter that proposed nothing told nothing)
                 self.backoff = 2 * self.backoff if kept == 0 else 1
