@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
 from .models.checkpoint import Checkpoint
+from .models.protocol import ANSWER, TOOL_CALL
 
 TOKEN_TEXTS = 65536  # pieces of single tokens kept for the top-5 lists (a vocabulary's worth is 262,144)
 
@@ -175,13 +176,17 @@ class TextSide:
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
-        each token's text as written (`raw`) and as shown in its channel (`text`)."""
+        each token's text as written (`raw`) and as shown in its channel (`text`). A tool call's
+        tokens are held until its block ends: one that does not read as a call (malformed, or
+        cut off by the budget) shows as the text the model wrote, in the answer, rather than
+        vanishing with neither text nor call."""
         if self.tokenizer is None:
             yield from reports
             return
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         channels = self.format.channels(self.tokenizer)
+        held: List[TokenReport] = []  # the tool call being written
         for report in reports:
             if report is WAITING:  # a batch row with nothing new yet (decoding/batch.py)
                 yield report
@@ -193,4 +198,19 @@ class TextSide:
                 report.raw = detokenizer.last_segment
                 report.channel, report.text = channels.feed(report.token, report.raw)
             report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
+            if report.channel == TOOL_CALL:
+                held.append(report)
+                continue
+            yield from self._settled_call(held)
             yield report
+        yield from self._settled_call(held)
+
+    def _settled_call(self, held: List[TokenReport]) -> List[TokenReport]:
+        """A tool call's held reports, emptied from `held`: as they are where the format reads a
+        call in them, else in the answer channel showing what was written."""
+        if held and not self.format.parse_tool_calls(self.text_of([r.token for r in held])):
+            for report in held:
+                report.channel, report.text = ANSWER, report.raw
+        out = held[:]
+        held.clear()
+        return out

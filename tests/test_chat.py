@@ -293,6 +293,11 @@ def test_tool_call_output_parses():
     assert [(c["name"], c["arguments"]) for c in parsed] == [("get_current_time", {"city": "Taipei"})]
     assert parsed[0]["id"].startswith("call_")
     assert parse_tool_calls("<|tool_call>not a call<tool_call|>") == []
+    # Numbers JSON cannot carry: Python's parser reads them, a client's would not (a 500 on the
+    # Messages API, and a history the server itself refused when sent back).
+    for number in ("1e999", "NaN", "-Infinity"):
+        assert parse_tool_calls(f"<|tool_call>call:f{{x:{number}}}<tool_call|>") == []
+    assert parse_tool_calls("<|tool_call>call:f{x:[1.5,{y:2}]}<tool_call|>")[0]["arguments"] == {"x": [1.5, {"y": 2}]}
 
 
 def test_calls_with_any_key_the_template_writes_parse_back(engine):

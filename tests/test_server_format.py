@@ -66,6 +66,30 @@ def test_a_generated_tool_call_comes_back_as_openai_tool_calls(engine):
     assert chunks[-2].choices[0].finish_reason == "tool_calls" and chunks[-1].usage.prompt_tokens == 40
 
 
+@pytest.mark.parametrize("written, end", [
+    ('<|tool_call>call:get_time{city:<|"|>Taipei<|"|>,,}<tool_call|>', "<|tool_response>"),
+    ('<|tool_call>call:get_time{city:<|"|>Tai', None),
+], ids=["malformed", "cut-off-by-the-budget"])
+def test_a_call_that_does_not_read_as_one_shows_as_the_text_written(engine, written, end):
+    """A block that holds no call the format reads (malformed, or cut off where the budget
+    ended) shows in the answer as the model wrote it, streamed and whole alike. Before, its
+    tokens stayed in the tool-call channel and the answer ended with neither text nor a call."""
+    ids = engine.tokenizer.encode("Let me check." + written, add_special_tokens=False)
+    ids += [engine.tokenizer.convert_tokens_to_ids(end)] if end else []
+    steps = list(engine.text.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
+    assert [s.token for s in steps] == ids  # every token handed on, in order
+    result = build_result(engine, steps, Stats(generated_tokens=len(steps)))
+    assert result.tool_calls == [] and result.finish_reason == ("stop" if end else "length")
+    assert result.text == "Let me check." + written
+    tokens = [Token(s, engine.text.token_text(s.token), s.token in engine.stop_tokens, engine.text.token_bytes)
+              for s in steps]
+    form = ChatFormat("tiny", logprobs=False, top_logprobs=0, report=False)
+    message = form.completion(10, tokens, Done(result, result.finish_reason, result.text))["choices"][0]["message"]
+    assert message["content"] == result.text and "tool_calls" not in message
+    streamed = [c["choices"][0]["delta"].get("content", "") for c in map(form.token_chunk, tokens) if c is not None]
+    assert "".join(streamed) == result.text
+
+
 def test_thinking_goes_to_reasoning_content(engine):
     steps, tokens = generated(engine, "<|channel>thought\nHmm.<channel|>Hi!", engine.tokenizer.convert_tokens_to_ids("<turn|>"))
     result = build_result(engine, steps, Stats())

@@ -9,6 +9,7 @@ turn, matched to its call by `tool_call_id`.
 """
 
 import json
+import math
 import re
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,7 +38,8 @@ BARE_KEY = re.compile(r"(?<=[{,])\s*([^\s{}\[\],:\x00][^{}\[\],:\x00]*?)\s*:")
 def parse_tool_calls(text: str) -> List[Dict[str, Any]]:
     """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}]: each block's call read
     with any key the template writes, else with mlx-lm's Gemma 4 parser (several calls in one
-    block). A malformed call is left out."""
+    block). A malformed call is left out, and so is one holding a number JSON cannot carry
+    (NaN, Infinity, 1e999: Python's parser reads them, and no client's JSON would)."""
     calls = []
     for body in TOOL_CALL_BLOCK.findall(text):
         try:
@@ -45,8 +47,20 @@ def parse_tool_calls(text: str) -> List[Dict[str, Any]]:
         except ValueError:  # json.JSONDecodeError is a ValueError too
             continue
         for call in parsed if isinstance(parsed, list) else [parsed]:
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", **call})
+            if _finite(call.get("arguments")):
+                calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", **call})
     return calls
+
+
+def _finite(value: Any) -> bool:
+    """Whether every number in a parsed JSON value is finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def _one_call(body: str) -> Optional[Dict[str, Any]]:
