@@ -228,3 +228,45 @@ def test_an_api_fuzzer_finds_no_server_error(server, client, tmp_path):
     after = client.chat.completions.create(model="tiny-gemma", messages=ask, max_tokens=12, temperature=0)
     assert after.choices[0].message.content == before.choices[0].message.content
     assert server.health()["running"] == 0
+
+
+@pytest.mark.parametrize("body, words", [
+    (chat(temperature=1e-31), ["temperature"]),  # refused by the sampling settings, not the schema
+    (chat(messages=[{"role": "assistant", "content": "x", "tool_calls": 5}, {"role": "user", "content": "Hi"}]),
+     ["messages[0].tool_calls must be a list"]),
+    (chat(stop=[f"stop {i}" for i in range(17)]), ["at most 16 stop strings"]),
+    (chat(stop="x" * 1001), ["at most 1000 characters"]),
+])
+def test_settings_refused_past_the_schema_are_400s(server, body, words):
+    """Each was a 500 (a second review of the server): a temperature the engine refuses below the
+    smallest it can sample at, calls that are not a list, and stop strings past what a token's
+    matching can afford on the model's thread (200,000 of them stalled every row)."""
+    refused(post(server, body), *words)
+
+
+def test_the_other_dialects_refuse_what_they_cannot_read_and_name_any_tool_type(server):
+    """`text.format` as a string was a 500 on /v1/responses; a tool type outside Latin-1 was a
+    500 after the whole answer was made (a header cannot hold it), and streamed, it left the
+    answer decoding for nobody. It is now named percent-encoded."""
+    refused(post(server, {"input": "hi", "max_output_tokens": 4, "text": {"format": "json_object"}}, "/v1/responses"),
+            "text.format must be an object")
+    for stream in (False, True):
+        for path, body in [("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tools": [{"type": "€ search"}]}),
+                           ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                                             "tools": [{"type": "工具\r\nx-evil: 1"}]})]:
+            response = post(server, {**body, "stream": stream}, path)
+            assert response.status_code == 200, response.text
+            named = response.headers["x-mlx-spec-ignored-tools"]
+            assert named in ("%E2%82%AC search", "%E5%B7%A5%E5%85%B7%0D%0Ax-evil: 1") and "x-evil" not in response.headers
+    server.wait_idle(timeout=30)  # (the streamed answers ended with their streams)
+
+
+def test_routes_agents_and_checks_call(server):
+    """HEAD /health for liveness checks, `/v1/models/` (a base URL joined with a slash) for the
+    list, and a 405 that says which methods are allowed."""
+    head = httpx.head(server.url + "/health", timeout=30)
+    assert head.status_code == 200 and head.content == b""
+    listed = httpx.get(server.url + "/v1/models/", timeout=30)
+    assert listed.status_code == 200 and listed.json() == httpx.get(server.url + "/v1/models", timeout=30).json()
+    wrong = httpx.delete(server.url + "/v1/chat/completions", timeout=30)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"

@@ -185,3 +185,31 @@ def test_an_image_a_tool_returns_is_seen_in_both_agent_dialects(server, engine):
             {"type": "input_text", "text": "a.png"},
             {"type": "input_image", "image_url": "data:image/png;base64," + data}]}])
     assert response.output_text == expected.text and response.usage.input_tokens == len(tokens)
+
+
+def test_a_url_that_answers_in_another_protocol_is_a_400():
+    """With --allow-fetch, a reply that is not HTTP (an SSH banner) reached the client as a 500:
+    http.client's own errors come through urllib unwrapped."""
+    import socket
+
+    from mlx_spec.server.media import fetch
+    from mlx_spec.server.schemas import APIError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def banner():
+        connection, _ = listener.accept()
+        connection.recv(1024)
+        connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        connection.close()
+
+    threading.Thread(target=banner, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    try:
+        with pytest.raises(APIError) as raised:
+            fetch(url, "messages[0].content[0]", 1000)
+    finally:
+        listener.close()
+    assert raised.value.status == 400 and "could not fetch" in raised.value.message and "SSH-2.0" in raised.value.message

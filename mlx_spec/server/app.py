@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 
 from .. import __version__
+from ..errors import SettingsError
 from ..options import Options
 from .body import described, invalid
 from .gate import Gate
@@ -53,7 +54,8 @@ def create_app(worker: Worker, model_id: str, defaults: Options, api_key: Option
     gate = Gate(worker, names, defaults, api_key, allow_files, allow_fetch, max_body_bytes)
     add_error_handlers(app)
 
-    @app.get("/health", responses={**described(200), 503: {
+    # HEAD too: a load balancer's or a script's liveness check asks for the status alone.
+    @app.api_route("/health", methods=["GET", "HEAD"], responses={**described(200), 503: {
         "description": "Down: the health body with status \"down\" and why", "content": {"application/json": {}}}})
     async def health():
         """The model and the scheduler (running rows, queue, batch tokens per second, prompt
@@ -93,7 +95,15 @@ def add_error_handlers(app: FastAPI) -> None:
         message = "Unknown route" if e.status_code == 404 else str(e.detail)
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status_code)
         error = APIError(e.status_code, f"{message}: {request.method} {request.url.path}", code=code)
-        return error_response(request.url.path, error)
+        response = error_response(request.url.path, error)
+        response.headers.update(e.headers or {})  # a 405's Allow
+        return response
+
+    @app.exception_handler(SettingsError)
+    async def settings_error(request: Request, e: SettingsError):
+        # Settings the engine refuses where a route reads them (a temperature under the smallest
+        # one, say): the request's fault, worded by the rule it broke.
+        return error_response(request.url.path, APIError(400, str(e), code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):

@@ -7,6 +7,7 @@ is a door into the network it runs in). Fetched media become bytes in the part; 
 every later check is the engine's (`Engine.prepare`), whose errors are 400s.
 """
 
+import http.client
 import urllib.error
 import urllib.request
 from typing import Any, Dict, List
@@ -52,7 +53,9 @@ def fetch(url: str, where: str, max_bytes: int) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
             body = response.read(max_bytes + 1)
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    # (http.client's own errors, a reply that is not HTTP such as an SSH banner, come through
+    # urllib unwrapped)
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
         raise APIError(400, f"{where}: could not fetch {url} ({e})", param=where, code="invalid_value") from None
     if len(body) > max_bytes:
         raise APIError(413, f"{where}: {url} is over {max_bytes} bytes", param=where, code="request_too_large")

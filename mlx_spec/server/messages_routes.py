@@ -9,7 +9,7 @@ from .gate import Gate
 from .generation import generation
 from .messages_api import CountTokens, CreateMessage
 from .messages_events import MessagesFormat
-from .responses_routes import IGNORED_TOOLS, ceiling, translated
+from .responses_routes import ceiling, ignored_header, translated
 from .streaming import answer
 
 MESSAGES = "/v1/messages"
@@ -29,9 +29,7 @@ def add_messages_routes(app: FastAPI, gate: Gate) -> None:
         tokens = await gate.chat_prompt(chat, options)
         form = MessagesFormat(gate.names.id, req.x_report)
         response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
-        _, ignored = req.function_tools()
-        if ignored:
-            response.headers[IGNORED_TOOLS] = ", ".join(dict.fromkeys(ignored))
+        ignored_header(response, req.function_tools()[1])
         return response
 
     @app.post(MESSAGES + "/count_tokens", openapi_extra=CountTokens.openapi_body(accepted),

@@ -21,6 +21,8 @@ def add_openai_routes(app: FastAPI, gate: Gate) -> None:
     @app.get("/v1/models/{name:path}", responses=described(200, 401, 404))
     async def model(name: str, request: Request):
         gate.check_key(request)
+        if not name:  # `/v1/models/`: the list, as a client joining a base URL with a slash asks
+            return await models(request)
         gate.check_model(name)
         return names.card(name)
 

@@ -51,6 +51,8 @@ class ResponsesRequest(Described, BaseModel):
         if self.tool_choice not in (None, "auto", "none"):
             raise ValueError('tool_choice must be "auto" or "none": calls cannot be forced without constrained decoding')
         form = (self.text or {}).get("format") or {}
+        if not isinstance(form, dict):
+            raise ValueError('text.format must be an object: {"type": "text"}')
         if form.get("type") not in (None, "text"):
             raise ValueError('text.format must be {"type": "text"}: JSON modes are not supported')
         if isinstance(self.input, list) and not self.input:

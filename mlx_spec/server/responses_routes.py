@@ -1,6 +1,8 @@
 """The Responses API's route, `POST /v1/responses` (responses_api.py translates the request,
 responses_events.py the answer)."""
 
+from urllib.parse import quote
+
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
 
@@ -13,6 +15,16 @@ from .schemas import APIError
 from .streaming import answer
 
 IGNORED_TOOLS = "x-mlx-spec-ignored-tools"  # tool types left out of the prompt (mlx-spec runs no tools)
+# What a header value may hold as it is: printable ASCII but the list's own comma. The rest (a
+# tool type in any script, a line break) is percent-encoded: a header is Latin-1 on the wire,
+# and one that could not be written failed the answer after it was made.
+HEADER_SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) not in ",%")
+
+
+def ignored_header(response, ignored) -> None:
+    """Name the tool types left out of the prompt in the response's header, each once."""
+    if ignored:
+        response.headers[IGNORED_TOOLS] = ", ".join(quote(t, safe=HEADER_SAFE) for t in dict.fromkeys(ignored))
 
 
 def translated(req):
@@ -52,6 +64,5 @@ def add_responses_routes(app: FastAPI, gate: Gate) -> None:
         tokens = await gate.chat_prompt(chat, options)
         form = ResponsesFormat(gate.names.id, echo(req), req.x_report)
         response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
-        if ignored:
-            response.headers[IGNORED_TOOLS] = ", ".join(dict.fromkeys(ignored))
+        ignored_header(response, ignored)
         return response

@@ -45,6 +45,9 @@ class Described:
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+MAX_STOPS, MAX_STOP_CHARS = 16, 1000
+
+
 class _Request(Described, BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -70,6 +73,10 @@ class _Request(Described, BaseModel):
         stops = [value] if isinstance(value, str) else list(value or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        # Each token is matched against every stop string on the model's thread, the batch's
+        # other rows waiting: bounded, as OpenAI bounds them (to 4).
+        if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
         return stops
 
     @model_validator(mode="after")
@@ -221,6 +228,8 @@ def _message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
     elif content is not None and not isinstance(content, str):
         raise ValueError(f"messages[{index}].content must be a string or a list of content parts")
     if out["role"] == "assistant" and out.get("tool_calls"):
+        if not isinstance(out["tool_calls"], list):
+            raise ValueError(f"messages[{index}].tool_calls must be a list of calls")
         out["tool_calls"] = [_tool_call(c, index) for c in out["tool_calls"]]
     if out["role"] == "tool" and isinstance(out.get("content"), str):
         out["content"] = _json_or_text(out["content"])
