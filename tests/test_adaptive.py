@@ -230,7 +230,10 @@ def test_a_probe_is_priced_by_what_it_may_keep():
 
 def test_probes_are_timed_in_a_real_run(engine, prompt, reference, monkeypatch):
     """Where no guess is ever kept, the loop's probes go out between plain steps, and the cost
-    model learns what one costs."""
+    model learns what one costs. (Modelled step times, a guess a fifth of a position: probes 20,
+    40, 80 plain cycles apart, however busy the machine; this machine's own put the second probe
+    past the 200th cycle in a slow spell.)"""
+    modelled_step_times(monkeypatch, per_position=0.2, every_step=False)
     monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
     drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=1.0, seed=2)
     result = engine.generate(prompt, max_tokens=LONG, drafter=drafter)

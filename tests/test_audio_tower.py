@@ -18,7 +18,7 @@ from mlx_spec.media.audio_tower import AudioTower, audio_tower_weights, soft_tok
 from mlx_spec.errors import AudioWeightsError
 from mlx_spec.media.towers import TowerMedia
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch (transformers, the oracle) is not installed: pip install torch")
 
 TEXT_HIDDEN = 24
 BASE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, subsampling_conv_channels=[128, 8],

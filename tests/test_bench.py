@@ -6,6 +6,7 @@ are noise.)"""
 import html
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -201,7 +202,8 @@ def test_batch(tiny_models, tmp_path):
         ratios = [a / b for a, b in zip(r["default"]["rounds_tps"], r["mtp_off"]["rounds_tps"])]
         assert r["ratios"]["default / off"]["median"] == pytest.approx(sum(ratios) / 2)
         # The prompts alone take part of every run; the decoding ratio leaves them out of both.
-        assert 0 < r["prompts_s"] < min(r["default"]["seconds"], r["one_after_another"]["seconds"])
+        # (Each a separate timed run: their order is the machine's to decide, so it is not asserted.)
+        assert r["prompts_s"] > 0
         assert len(r["ratios"]["decoding: default / one after another"]["rounds"]) == 2
     assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
 
@@ -292,10 +294,11 @@ def test_controlled(tiny_models, tmp_path):
     # divide each round by the R + C timed in that round.
     rounds = len(data["trials"]["MTP off"])
     assert len(data["costs"]) == rounds and all(cost > 1 for cost in data["costs"])
-    for bar in data["bars"]:
-        if "middle_half" in bar:
-            low, high = bar["middle_half"]
-            assert low <= bar["ratio"] <= high
+    mlx_lm_bar = next(b for b in data["bars"] if b["bar"] == "MTP off >= 0.95 x mlx-lm")
+    ratios = [a / b for a, b in zip(data["trials"]["MTP off"], data["trials"]["mlx-lm"])]
+    assert mlx_lm_bar["ratio"] == pytest.approx(statistics.median(ratios))
+    assert list(mlx_lm_bar["middle_half"]) == pytest.approx(
+        [q for i, q in enumerate(statistics.quantiles(ratios, n=4, method="inclusive")) if i != 1])
     # Each configuration ran twice in each round, and the round took its fastest run.
     assert data["best_of"] == 2 and rounds == 3
     for name, passes in data["runs"].items():
@@ -573,8 +576,17 @@ def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
     assert nodes["sampling + acceptance + reports, plain"] > nodes["sampling + acceptance + reports, compiled"] > 0
     cases = [row["case"] for row in data["predicted"]]
     assert cases[:-1] == ["acceptance 0, g = 0"] + [f"acceptance {a}, g = 6" for a in ("0.3", "0.5", "0.7", "1")]
-    # Pipelined is never slower than serial: max(build, device) <= build + device.
-    assert all(row["gain"] >= 1 for row in data["predicted"][:-1])
+    # Each case from this run's positions table and build times: pipelined, a cycle takes the
+    # longer of its build and its device time; serial, their sum.
+    positions = json.loads((out / "positions.json").read_text())
+    context = min(r["context"] for r in positions["target"])
+    device = {r["positions"]: r["ms"] for r in positions["target"] if r["context"] == context}
+    draft = {r["steps"]: r["ms"] for r in positions["drafter"]}
+    for row, g, tokens in zip(data["predicted"], [0, 6, 6, 6, 6], [1.0] + [sum(a**i for i in range(7)) for a in (0.3, 0.5, 0.7, 1.0)]):
+        dev, build = device[g + 1] + draft.get(g, 0.0), data["build_ms"][str(g)]
+        assert row["device_ms"] == pytest.approx(dev)
+        assert row["pipelined_tps"] == pytest.approx(1000 * tokens / max(build, dev))
+        assert row["gain"] == pytest.approx((build + dev) / max(build, dev))
     assert "pipelined tok/s" in proc.stdout
     builds = [{"g": g, "ms": ms} for g, ms in data["build_ms"].items()]
     assert_shown(report_rows(out, "overhead", "host build ms")[:9], builds,

@@ -54,7 +54,9 @@ def context_after(target, ids, settings, uniforms):
 @pytest.mark.parametrize("sampled", [False, True])
 def test_compiled_draft_steps_equal_plain_ones(checkpoints, ordered, sampled):
     """Contexts before the sliding window fills, just past it, and after the full cache has grown
-    its buffer: the same guesses, next hidden states and (sampling) q as the plain step."""
+    its buffer: the same guesses as the plain step and, sampling, the same q to 1e-5 at every
+    step (each step's q is read from its hidden state, which the next step carries: a drift in
+    the hidden states shows in the q of the steps after it)."""
     target, _ = load_target(str(checkpoints["text"]))
     assistant, _ = load_drafter(str(checkpoints["assistant" if ordered else "assistant_plain"]))
     settings = GEMMA if sampled else SamplingSettings()

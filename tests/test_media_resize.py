@@ -20,7 +20,7 @@ import pytest
 
 from mlx_spec.media.resize import bicubic_antialiased
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch (transformers, the oracle) is not installed: pip install torch")
 
 
 def torch_resize(pixels: np.ndarray, height: int, width: int, channels_last: bool = False) -> np.ndarray:
@@ -133,11 +133,11 @@ def test_same_size_is_an_unchanged_copy():
 
 
 def test_rejects_what_it_cannot_resize():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected an \[H, W, C\] uint8 array, got float32"):
         bicubic_antialiased(np.zeros((4, 4, 3), np.float32), 2, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected an \[H, W, C\] uint8 array, got uint8 \(4, 4\)"):
         bicubic_antialiased(np.zeros((4, 4), np.uint8), 2, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot resize to 0x2"):
         bicubic_antialiased(np.zeros((4, 4, 3), np.uint8), 0, 2)
 
 

@@ -77,8 +77,10 @@ def test_prompt_logits_match_transformers(engine, reference, pair, case):
 
     needs_audio(engine, CASES[case])
     tokens, spans = engine.prepare(messages(*CASES[case]), image_tokens=IMAGE_TOKENS)
-    assert [s.item.tokens for s in spans] == [{"image": 63, "audio": 33}[m["type"]] if m is not SECOND
-                                              else s.item.tokens for m, s in zip(CASES[case], spans)]
+    # (SECOND, a wide picture, has its own count: it is held to transformers' below.)
+    assert len(spans) == len(CASES[case]) and all(s.item.tokens > 0 for s in spans)
+    assert [s.item.tokens for m, s in zip(CASES[case], spans) if m is not SECOND] == [
+        {"image": 63, "audio": 33}[m["type"]] for m in CASES[case] if m is not SECOND]
     ids, kwargs = transformers_inputs(tokens, spans)
     masks = gemma4_masks(reference, ids, kwargs.pop("mm_token_type_ids"))
     precise = Gemma4ForConditionalGeneration.from_pretrained(pair[0], dtype=torch.float64).eval()

@@ -186,14 +186,16 @@ def test_tools_are_rendered_and_tool_results_answered(client, model, engine):
 
 
 def test_errors_are_the_clients_own_types(server, client, model):
-    cases = [
-        dict(temperature=-1.0), dict(top_p=1.5), dict(max_tokens=5000), dict(top_logprobs=6, logprobs=True),
-        dict(n=2), dict(extra_body={"top_k": "many"}), dict(tool_choice="required", tools=TOOLS),
+    cases = [  # (the request, what its error must name)
+        (dict(temperature=-1.0), "temperature"), (dict(top_p=1.5), "top_p"), (dict(max_tokens=5000), "context length"),
+        (dict(top_logprobs=6, logprobs=True), "top_logprobs"), (dict(n=2), "n"),
+        (dict(extra_body={"top_k": "many"}), "top_k"), (dict(tool_choice="required", tools=TOOLS), "tool_choice"),
     ]
-    for bad in cases:
+    for bad, named in cases:
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model=model, messages=ask("Hi"), **{"max_tokens": 5, **bad})
-        assert raised.value.status_code == 400 and raised.value.body["message"]
+        body = raised.value.body
+        assert raised.value.status_code == 400 and (named in body["message"] or body.get("param") == named), (bad, body)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.chat.completions.create(model=model, messages=ask("Hi " * 3000), max_tokens=5)
     with pytest.raises(openai.NotFoundError) as raised:

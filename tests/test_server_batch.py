@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from serving import ENV, Server
 
-openai = pytest.importorskip("openai")
+openai = pytest.importorskip("openai", reason="the openai client is in the test extra: pip install -e '.[test]'")
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +137,9 @@ def test_max_batch_one_answers_in_order(one_row, engine):
     thread = threading.Thread(target=lambda: queued.update(r=client.chat.completions.create(
         model=model, messages=ask("Hi"), max_tokens=8, extra_body={"x_report": True})))
     thread.start()
-    health = one_row.health()
-    for _ in range(200):
-        if health["waiting"] == 1:
-            break
+    health, deadline = one_row.health(), time.monotonic() + 60
+    while health["waiting"] != 1 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
         health = one_row.health()
     assert health["running"] == 1 and health["waiting"] == 1 and health["max_batch"] == 1
     long.close()

@@ -87,16 +87,38 @@ def test_the_tower_equals_transformers(tmp_path, clipped, standardize):
     assert worst <= 1e-4, worst
 
 
-def test_clipping_and_standardising_change_the_output(tmp_path):
-    """The bounds and the standardisation are read and applied (not silently dropped)."""
+def test_clipping_and_standardising_change_our_output(tmp_path):
+    """Our tower reads the bounds and the standardisation and applies them (not silently
+    dropped): without either, the same weights give another output, which is still
+    transformers' own for that checkpoint."""
+    from transformers import Gemma4VisionConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionModel
+
     config, tower, embedder = random_tower(True, True)
-    patches = image_patches(picture(40, 56), 70, 4, 3)
-    clipped = reference(tower, embedder, patches)
+    pixels = picture(40, 56)
+    patches = image_patches(pixels, 70, 4, 3)
+
+    def ours(folder, config, tower):
+        media = TowerMedia(folder, save_google(folder, config, tower, embedder))
+        return np.array(media.embed(media.image(pixels, 70)))
+
+    both = ours(tmp_path / "both", config, tower)
+    # The standardisation off: the same weights but its own, in a config that says so.
+    plain_config = Gemma4VisionConfig(**tower_config(True, False))
+    plain = Gemma4VisionModel(plain_config).eval()
+    missing, _ = plain.load_state_dict(tower.state_dict(), strict=False)
+    assert not missing
+    unstandardised = ours(tmp_path / "unstandardised", plain_config, plain)
+    assert np.abs(unstandardised - both).max() > 1e-3
+    assert np.abs(unstandardised - reference(plain, embedder, patches)).max() <= 1e-4
+    # The bounds that no value reaches.
     with torch.no_grad():
         for name, b in tower.named_buffers():
             if name.endswith(("_min", "_max")):
                 b.fill_(-np.inf if name.endswith("_min") else np.inf)
-    assert np.abs(reference(tower, embedder, patches) - clipped).max() > 1e-3
+    unclipped = ours(tmp_path / "unclipped", config, tower)
+    assert np.abs(unclipped - both).max() > 1e-3
+    assert np.abs(unclipped - reference(tower, embedder, patches)).max() <= 1e-4
 
 
 def test_the_mlx_community_layout_loads_quantized(tmp_path):
