@@ -247,7 +247,7 @@ def test_a_position_only_the_prior_judged_is_no_worse_than_the_request_s_own():
     content's: a request that keeps every short guess counts the deeper ones as good as its own
     deepest, so that it tries a longer draft and finds out; once it has judged them itself, its
     own figures count."""
-    from mlx_spec.decoding.policy import AcceptanceStats
+    from mlx_spec.decoding.acceptance_stats import AcceptanceStats
 
     pooled = AcceptanceStats(8)
     for _ in range(40):

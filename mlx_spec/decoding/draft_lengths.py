@@ -35,7 +35,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
 from .lockstep import Lockstep
-from .policy import DUE, MIN_GAIN, AcceptanceStats, DraftLength, average, probe_terms
+from .acceptance_stats import AcceptanceStats, average
+from .policy import DUE, MIN_GAIN, DraftLength, probe_terms
 from .retiming import Retiming
 
 PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position

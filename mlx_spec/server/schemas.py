@@ -17,6 +17,9 @@ from ..options import Options
 from .json_values import Refused, loads
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
+# Each token is matched against every stop string on the model's thread, the batch's other rows
+# waiting: bounded, as OpenAI bounds them (to 4).
+MAX_STOPS, MAX_STOP_CHARS = 16, 1000
 
 
 class APIError(Exception):
@@ -45,9 +48,6 @@ class Described:
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-MAX_STOPS, MAX_STOP_CHARS = 16, 1000
-
-
 class _Request(Described, BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -73,8 +73,6 @@ class _Request(Described, BaseModel):
         stops = [value] if isinstance(value, str) else list(value or [])
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
-        # Each token is matched against every stop string on the model's thread, the batch's
-        # other rows waiting: bounded, as OpenAI bounds them (to 4).
         if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
         return stops
