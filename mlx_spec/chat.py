@@ -110,17 +110,14 @@ class ChatSession:
         self.messages.extend(new)
         try:
             generation = Generation(self.engine, self.messages, options, tools=self.tools, state=self.state,
-                                    stop=should_stop)
+                                    stop=should_stop, stop_after_token=should_stop)
             generation.start()
         except BaseException:  # (Ctrl-C in a notebook too) the state holds a consistent prefix
             del self.messages[before:]
             raise
         stream = iter(generation)
         try:
-            for report in stream:
-                yield report
-                if should_stop():
-                    break
+            yield from stream  # (it asks should_stop after every token: a held tool call too)
         finally:
             stream.close()
             self.last_result = result = generation.result

@@ -55,10 +55,14 @@ class Generation:
 
     def __init__(self, engine, prompt, options: Options, *, tools: Optional[List[dict]] = None,
                  state: Optional[SequenceState] = None, cache=None, as_written: bool = False,
-                 stop: Optional[Callable[[], bool]] = None, batch=None):
+                 stop: Optional[Callable[[], bool]] = None, stop_after_token: Optional[Callable[[], bool]] = None,
+                 batch=None):
         self.engine, self.prompt, self.options, self.tools = engine, prompt, options, tools
         self.state, self.cache, self.as_written = state, cache, as_written
         self.stop = stop  # asked between prefill chunks: True stops the prompt (PromptStopped)
+        # Asked after each token the decoder settles, before any text is held back (a tool
+        # call's block, a stop string's start): True ends the answer there.
+        self.stop_after_token = stop_after_token
         # A Batch (decoding/batch.py) to decode in with other requests: iterating then gives
         # WAITING whenever this answer has nothing new until the batch's next step.
         self.batch = batch
@@ -104,7 +108,7 @@ class Generation:
             source = self.batch.join(self.decoder, self.state, self.limit)
         else:
             source = self.decoder.generate(self.state, self.limit)
-        stream = self.engine.text.with_text(source)
+        stream = self.engine.text.with_text(self._until_stopped(source) if self.stop_after_token else source)
         try:
             for step in stream:
                 if step is WAITING:
@@ -119,6 +123,12 @@ class Generation:
             source.close()
             self.close()
             self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit)
+
+    def _until_stopped(self, source: Iterator[TokenReport]) -> Iterator[TokenReport]:
+        for report in source:
+            yield report
+            if report is not WAITING and self.stop_after_token():
+                return
 
     def _release(self, reports: List[TokenReport]) -> Iterator[TokenReport]:
         for report in reports:

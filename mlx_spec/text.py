@@ -200,6 +200,9 @@ class TextSide:
             report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
             if report.channel == TOOL_CALL:
                 held.append(report)
+                # Each block settles at its closing marker: a bad one beside a good one is text.
+                if getattr(channels, "channel", TOOL_CALL) != TOOL_CALL:
+                    yield from self._settled_call(held)
                 continue
             yield from self._settled_call(held)
             yield report

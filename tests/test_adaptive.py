@@ -344,6 +344,19 @@ def test_a_probe_that_keeps_what_was_expected_is_followed_by_no_longer_one():
     assert policy.choose(budget=100) < 4 * probe_g
 
 
+def test_a_row_that_drafted_beside_others_before_its_first_probe_still_climbs():
+    """In a batch a new row's first probe waits for one that is due, and the row may draft beside
+    the others meanwhile. Its first probe, when it goes out, is still the opening: keeping
+    everything, it is followed by a longer one, however likely its figures made that."""
+    policy = DraftLength()
+    policy.observe(3, 3, asked=3)  # a step chosen for the batch: not the row's probe
+    assert policy.first
+    g = policy.take_probe()
+    policy.handed_out(g)
+    policy.observe(g, g)  # the first probe keeps everything
+    assert policy.probe == min(4 * g, policy.max_g)
+
+
 def test_a_probe_whose_drafter_proposed_nothing_still_ends():
     """Prompt lookup may propose no guess: the probe ran with none, and probing goes on later."""
     policy = stopped_policy()

@@ -171,6 +171,26 @@ def test_tool_call_round_trip(speaker, settings):
     assert '<|tool_response>response:get_current_time{time:<|"|>21:04<|"|>}<tool_response|>' in held
 
 
+def test_ctrl_c_stops_a_tool_call_being_written(speaker):
+    """A tool call's tokens are held until its block ends (a block that reads as no call shows as
+    text), and `should_stop` is still asked after every token the decoder settles: Ctrl-C in
+    `mlx-spec chat` ends a call being written within a cycle, not at its closing marker (a model
+    looping inside a call's arguments ran on to max_tokens), and the turn is kept consistent."""
+    session = speaker.chat(tools=TOOLS, max_tokens=200)
+    prompt = len(speaker.encode(QUESTION_MESSAGES, TOOLS))
+    whole = fresh(speaker, QUESTION_MESSAGES, tools=TOOLS).tokens  # the two calls, written whole
+
+    def ctrl_c():
+        return len(session.state.tokens) > prompt + 3
+
+    reports = list(session.send(QUESTION, should_stop=ctrl_c))
+    result = session.last_result
+    assert len(whole) > 20 and 4 <= len(result.tokens) <= 3 + 9  # (a cycle settles up to 9)
+    assert result.tokens == whole[: len(result.tokens)] and result.tool_calls == []
+    assert [r.token for r in reports] == result.tokens and result.text == speaker.text.text_of(result.tokens)
+    assert session.state.cached == len(session.state.tokens) - 1 == prompt + len(result.tokens) - 1
+
+
 @pytest.mark.parametrize("settings", [{}, SAMPLED], ids=["greedy", "sampled"])
 def test_thinking_comes_back_apart_and_the_next_turn_resumes(speaker, settings):
     session = speaker.chat(thinking=True, max_tokens=120, **settings)

@@ -90,6 +90,18 @@ def test_a_call_that_does_not_read_as_one_shows_as_the_text_written(engine, writ
     assert "".join(streamed) == result.text
 
 
+def test_each_call_block_settles_on_its_own(engine):
+    """Two calls back to back, as Gemma writes parallel calls: a malformed one beside a good one
+    shows as text, and the good one is a call."""
+    bad = '<|tool_call>call:get_time{city:<|"|>Taipei<|"|>,,}<tool_call|>'
+    ids = engine.tokenizer.encode(bad + CALL, add_special_tokens=False)
+    ids += [engine.tokenizer.convert_tokens_to_ids("<|tool_response>")]
+    steps = list(engine.text.with_text(TokenReport(t, drafted=False, cycle=i, prob=0.5) for i, t in enumerate(ids)))
+    result = build_result(engine, steps, Stats(generated_tokens=len(steps)))
+    assert result.text == bad and [c["name"] for c in result.tool_calls] == ["get_time"]
+    assert result.finish_reason == "tool_calls"
+
+
 def test_thinking_goes_to_reasoning_content(engine):
     steps, tokens = generated(engine, "<|channel>thought\nHmm.<channel|>Hi!", engine.tokenizer.convert_tokens_to_ids("<turn|>"))
     result = build_result(engine, steps, Stats())

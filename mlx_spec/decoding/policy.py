@@ -171,7 +171,8 @@ class DraftLength:
             # that was news; a miss ends probing.
             longer = probing and kept == g == asked and g < self.max_g and (self.opening or chance < SURPRISING)
             self.probe = min(4 * g, self.max_g) if longer else 0
-            self.opening = self.opening and longer
+            # (a row that drafted beside others before its first probe went out is still opening)
+            self.opening = self.opening and (longer if probing else self.first)
             self.probe_out = self.free_only = False
             if probing and g > 0:  # (a drafter that proposed nothing told nothing)
                 self.backoff = 2 * self.backoff if kept == 0 else 1

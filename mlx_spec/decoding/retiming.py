@@ -6,8 +6,8 @@ had when the choice left it. Both ways go wrong:
   draft, no plain step is timed to mend it;
 - a drafting length timed in a slow spell keeps the rows plain where drafting pays. Their probes
   do not mend it: a probe is not a step's time, and is rarely timed even as a probe where guesses
-  are kept (one that keeps everything is followed by a longer one at once, and a probe is timed
-  only between plain steps).
+  are kept (one that keeps everything may be followed by a longer one at once, and a probe is
+  timed only between plain steps).
 
 So where the table puts the choice at less than RETIME_BELOW times the best avoided length's rate
 (drift could reverse that), the avoided length runs RETIME_STEPS steps in a row (the loop times

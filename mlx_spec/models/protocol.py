@@ -128,7 +128,9 @@ class ChatFormat(Protocol):
         """The messages as the family's chat template renders them natively."""
 
     def channels(self, tokenizer: Any) -> Any:
-        """A fresh reader of generated tokens: `feed(token, piece) -> (channel, visible text)`."""
+        """A fresh reader of generated tokens: `feed(token, piece) -> (channel, visible text)`, and
+        `channel`, the one the next token starts in (so a tool call's block is known to have ended
+        at its closing marker; without it, at the next token outside the block)."""
 
     def parse_tool_calls(self, text: str) -> List[Dict[str, Any]]:
         """The tool calls in an answer's text, as [{"id", "name", "arguments"}]."""

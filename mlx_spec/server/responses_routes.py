@@ -15,16 +15,17 @@ from .schemas import APIError
 from .streaming import answer
 
 IGNORED_TOOLS = "x-mlx-spec-ignored-tools"  # tool types left out of the prompt (mlx-spec runs no tools)
-# What a header value may hold as it is: printable ASCII but the list's own comma. The rest (a
-# tool type in any script, a line break) is percent-encoded: a header is Latin-1 on the wire,
-# and one that could not be written failed the answer after it was made.
-HEADER_SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) not in ",%")
+# What a header value may hold as it is: printable ASCII but a space and the list's own comma.
+# The rest (a tool type in any script, a line break, a space at an end, which h11 refuses) is
+# percent-encoded: a header that could not be written failed the answer after it was made.
+HEADER_SAFE = "".join(chr(c) for c in range(33, 127) if chr(c) not in ",%")
 
 
 def ignored_header(response, ignored) -> None:
     """Name the tool types left out of the prompt in the response's header, each once."""
-    if ignored:
-        response.headers[IGNORED_TOOLS] = ", ".join(quote(t, safe=HEADER_SAFE) for t in dict.fromkeys(ignored))
+    named = [quote(t, safe=HEADER_SAFE) for t in dict.fromkeys(ignored) if t]
+    if named:
+        response.headers[IGNORED_TOOLS] = ", ".join(named)
 
 
 def translated(req):
