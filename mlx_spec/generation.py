@@ -180,8 +180,7 @@ class StopStrings:
             at, self.matched = min(found)
             self.hit = True
             return self._cut(at)
-        held = max((k for k in range(1, min(self.longest, len(self.text) + 1))
-                    if any(s.startswith(self.text[-k:]) for s in self.stops)), default=0)
+        held = held_back(self.text, self.stops, self.longest)
         self.searched = max(self.searched, len(self.text) - self.longest + 1, 0)
         return self._release(len(self.text) - held)
 
@@ -203,3 +202,20 @@ class StopStrings:
         self.pending = []
         self.text = self.text[:at]
         return out
+
+
+def held_back(text: str, stops: List[str], longest: int) -> int:
+    """How many characters at the end of `text` may still begin a stop string: its longest end,
+    shorter than the longest stop string, that one of them starts with. Only a place holding a
+    stop string's first character can begin it, so only those are tried, and the earliest
+    (longest) first: this runs for every token on the model's thread, where trying every
+    length cost a thousand steps a token for one stop string of a thousand characters."""
+    begin, held = max(len(text) - longest + 1, 0), 0
+    for stop in stops:
+        at = text.find(stop[0], begin)
+        while at != -1 and len(text) - at > held:
+            if stop.startswith(text[at:]):
+                held = len(text) - at
+                break
+            at = text.find(stop[0], at + 1)
+    return held

@@ -143,6 +143,24 @@ def test_stop_strings_across_tokens():
     assert (text, ids, hit) == ("Hel", [0, 1, 2], True)
 
 
+def test_what_is_held_back_is_the_longest_end_a_stop_string_begins_with():
+    """`held_back` tries only the places a stop string's first character sits; it must hold
+    exactly what trying every length holds, on random texts over a small alphabet (where ends
+    that begin a stop string, several at once, are common)."""
+    import random
+
+    from mlx_spec.generation import held_back
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab c") for _ in range(rng.randint(1, 7))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice("ab c") for _ in range(rng.randint(0, 12)))
+        longest = max(map(len, stops))
+        every_length = max((k for k in range(1, min(longest, len(text) + 1))
+                            if any(s.startswith(text[-k:]) for s in stops)), default=0)
+        assert held_back(text, stops, longest) == every_length, (text, stops)
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
