@@ -200,6 +200,7 @@ def test_reports(engine, prompt):
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_k=-1), "top_k must be an integer >= 0"),
+        (dict(top_k="5"), "top_k must be an integer >= 0 .*got '5'"),  # (the value as given: not a 5)
         (dict(draft_tokens=-1), "draft_tokens must be between 0 and 16"),
         (dict(draft_tokens=17), "draft_tokens must be between 0 and 16"),
         (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
@@ -324,6 +325,24 @@ def test_a_failing_drafter_leaves_the_state_usable(engine, prompt, reference):
         list(decoder.generate(state, 10))
     assert state.cached == len(state.tokens) - 1
     assert [r.token for r in engine.decoder(mtp=False).generate(state, 20)] == reference[len(prompt) + 5 : len(prompt) + 25]
+
+
+def test_a_drafter_that_returns_no_draft_is_named(engine, prompt, reference):
+    """docs/python.md's custom drafter returns a Draft; one returning a list of ids was an
+    AttributeError from deep in the loop. It is a SettingsError naming the drafter, and the state
+    goes on as before."""
+    class Ids:
+        def draft(self, context, g):
+            return [1] * g
+
+    decoder = engine.decoder(drafter=Ids(), draft_tokens=3)
+    state = SequenceState(engine.target)
+    decoder.add_tokens(state, prompt)
+    with pytest.raises(SettingsError, match=r"Ids object .*: draft\(context, g\) must return a mlx_spec.drafting.Draft .*got list"):
+        list(decoder.generate(state, 10))
+    held = len(state.tokens)
+    assert state.cached == held - 1 and state.tokens == reference[:held]
+    assert [r.token for r in engine.decoder(mtp=False).generate(state, 5)] == reference[held:held + 5]
 
 
 class Failed(Exception):

@@ -181,6 +181,12 @@ def test_responses_leaves_out_tools_it_cannot_run(oa, model, engine, server):
     assert raw.headers["x-mlx-spec-ignored-tools"] == "web_search, local_shell, custom, namespace"
     probe = raw.parse()  # Codex's probe: one token
     assert probe.status == "incomplete" and probe.incomplete_details.reason == "max_output_tokens"
+    # Its message is marked cut off too, as OpenAI marks it, whole and streamed.
+    assert [item.status for item in probe.output if item.type == "message"] == ["incomplete"]
+    events = list(oa.responses.create(model=model, input=QUESTION, tools=tools, temperature=0, max_output_tokens=1,
+                                      stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert [item.status for item in events[-1].response.output if item.type == "message"] == ["incomplete"]
     assert probe.usage.input_tokens == len(engine.encode(ask(QUESTION), CLOCK))
     assert oa.models.list().data[0].model_extra["context_window"] == engine.context_length
 

@@ -111,6 +111,7 @@ def test_quantizing_the_drafter_at_load_in_each_mode(checkpoints, mode, bits):
     "bits, mode, message",
     [
         (3, None, "must be 4 or 8 bits, got 3"),
+        (None, "affine", r"affine drafter quantization must be 4 or 8 bits, got none \(give --drafter-bits, or drafter_bits\)"),
         (8, "mxfp4", "mode mxfp4 is 4-bit, got 8 bits"),
         (None, "int3", "mode must be one of affine, mxfp4, mxfp8, nvfp4, got 'int3'"),
     ],

@@ -113,7 +113,11 @@ class Custom(Drafter):
         self.inner = inner
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        return self.inner.draft(context, g)
+        draft = self.inner.draft(context, g)
+        if not isinstance(draft, Draft):
+            raise SettingsError(f"drafter {self.inner!r}: draft(context, g) must return a mlx_spec.drafting.Draft "
+                                f"(tokens: an int32 mx.array of up to g ids), got {type(draft).__name__}")
+        return draft
 
     def begin(self, sequence) -> None:
         if callable(getattr(self.inner, "begin", None)):

@@ -19,7 +19,8 @@ def check_quantization(bits: Optional[int], mode: str) -> int:
         raise LoadError(f"drafter quantization mode must be one of {', '.join(QUANT_MODES)}, got {mode!r}")
     mode_bits, _ = QUANT_MODES[mode]
     if mode == "affine" and bits not in (4, 8):
-        raise LoadError(f"drafter quantization must be 4 or 8 bits, got {bits}")
+        asked = "none (give --drafter-bits, or drafter_bits)" if bits is None else bits
+        raise LoadError(f"affine drafter quantization must be 4 or 8 bits, got {asked}")
     if mode_bits and bits not in (None, mode_bits):
         raise LoadError(f"drafter quantization mode {mode} is {mode_bits}-bit, got {bits} bits")
     return bits or mode_bits

@@ -25,11 +25,11 @@ class SamplingSettings:
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise SettingsError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature!r}")
         if not is_integer(self.top_k) or self.top_k < 0:
-            raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k}")
+            raise SettingsError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}")
         if not (is_real(self.top_p) and 0 < self.top_p <= 1):
             raise SettingsError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not is_integer(self.seed) or not 0 <= self.seed < 2**64):
-            raise SettingsError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+            raise SettingsError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         object.__setattr__(self, "top_k", int(self.top_k))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))

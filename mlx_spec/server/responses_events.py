@@ -25,8 +25,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def message_item(item_id: str, text: str) -> Dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
+def message_item(item_id: str, text: str, status: str = "completed") -> Dict[str, Any]:
+    """`status`: "incomplete" for an answer cut off by max_output_tokens, as OpenAI marks it."""
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
@@ -75,7 +76,7 @@ class ResponsesFormat:
         if result.thinking:
             self.items.append(reasoning_item(new_id("rs"), result.thinking))
         if done.text or not result.tool_calls:
-            self.items.append(message_item(new_id("msg"), done.text))
+            self.items.append(message_item(new_id("msg"), done.text, status_of(done)))
         self.items.extend(call_item(c) for c in result.tool_calls)
         return self.response(status_of(done), prompt_tokens, done, tokens)
 
@@ -118,11 +119,14 @@ class ResponsesFormat:
                                  content_index=0, part=part))
         return events
 
-    def _close(self) -> List[Dict[str, Any]]:
+    def _close(self, status: str = "completed") -> List[Dict[str, Any]]:
         if self.open is None:
             return []
         open_, index = self.open, len(self.items)
-        item = (message_item if open_["kind"] == "message" else reasoning_item)(open_["id"], open_["text"])
+        if open_["kind"] == "message":
+            item = message_item(open_["id"], open_["text"], status)
+        else:
+            item = reasoning_item(open_["id"], open_["text"])
         where = {"item_id": open_["id"], "output_index": index, "content_index": 0}
         done = "response.output_text.done" if open_["kind"] == "message" else "response.reasoning_text.done"
         events = [self.event(done, **where, text=open_["text"], **({"logprobs": []} if open_["kind"] == "message" else {})),
@@ -133,9 +137,9 @@ class ResponsesFormat:
         return events
 
     def last_chunks(self, prompt_tokens: int, done: Done, include_usage: bool = False) -> List[Dict[str, Any]]:
-        events = self._close()
+        events = self._close(status_of(done))  # (an answer cut off ends its message incomplete)
         if not any(i["type"] == "message" for i in self.items) and not done.result.tool_calls:
-            events += [*self._open("message"), *self._close()]  # the plain answer's empty message
+            events += [*self._open("message"), *self._close(status_of(done))]  # the plain answer's empty message
         for call in done.result.tool_calls:
             item, index = call_item(call), len(self.items)
             events.append(self.event("response.output_item.added", output_index=index,
