@@ -238,3 +238,21 @@ def test_generate_stops_at_a_string(checkpoints):
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["text"] == full[: full.index(stop)] and summary["finish_reason"] == "stop"
+
+
+def test_a_file_too_big_for_a_group_to_share_says_so(tmp_path):
+    """Under a group rank 0 reads an --image or /image file and sends its bytes to every rank, up
+    to 1 GiB. A file over that was refused as one rank 0 "cannot read"; the words now give both
+    reasons, as only rank 0 knows which it was. (A sparse file: no disk is used.)"""
+    from types import SimpleNamespace
+
+    from mlx_spec.cli.app import read_by_rank_0
+    from mlx_spec.cli.group import MAX_SHARED_BYTES
+    from mlx_spec.errors import SettingsError
+
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:
+        f.truncate(MAX_SHARED_BYTES + 1)
+    rank_0 = SimpleNamespace(lockstep=SimpleNamespace(leader=True, data=lambda data: data))
+    with pytest.raises(SettingsError, match=r"big.png: rank 0 of the group cannot read this file, or it is over 1 GiB"):
+        read_by_rank_0(rank_0, str(big))

@@ -12,7 +12,7 @@ from ..decoding.lockstep import launched_group, lost_peer
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
-from .group import follow_quietly, group_faults, shared_file
+from .group import UNSHARED, follow_quietly, group_faults, shared_file
 from .terminal import TokenPrinter, stats_line
 
 
@@ -142,7 +142,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
 def read_by_rank_0(engine, path: str) -> bytes:
     data = shared_file(engine.lockstep, path)
     if data is None:
-        raise SettingsError(f"{path}: rank 0 of the group cannot read this file")
+        raise SettingsError(f"{path}: {UNSHARED}")
     return data
 
 

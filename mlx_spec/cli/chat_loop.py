@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Union
 import click
 
 from ..errors import PromptStopped, SettingsError
-from .group import shared_file
+from .group import UNSHARED, shared_file
 from .terminal import TokenPrinter, stats_line
 
 HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
@@ -93,7 +93,7 @@ def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
         # Under a group rank 0 reads the file and every rank takes its bytes (the others may not have it).
         value = shared_file(lockstep, str(path)) if lockstep.size > 1 else (str(path) if path.is_file() else None)
         if value is None:
-            click.echo(f"[{path}: no such file]")
+            click.echo(f"[{path}: {UNSHARED if lockstep.size > 1 else 'no such file'}]")
             return
         attached.extend(media_parts([value]) if name == "/image" else media_parts((), [value]))
         click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")

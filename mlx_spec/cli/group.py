@@ -52,3 +52,5 @@ def shared_file(lockstep, path: str) -> Optional[bytes]:
 
 
 MAX_SHARED_BYTES = 2**30
+# Why `shared_file` gave None, in words every rank can give (only rank 0 knows which it was).
+UNSHARED = f"rank 0 of the group cannot read this file, or it is over {MAX_SHARED_BYTES >> 30} GiB (the most a group shares)"
