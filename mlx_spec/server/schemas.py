@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
-from .json_values import Refused, loads
+from .chat_checks import checked_message, checked_tool
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 # Each token is matched against every stop string on the model's thread, the batch's other rows
@@ -128,12 +128,12 @@ class ChatRequest(_Request):
     @field_validator("messages")
     @classmethod
     def _messages(cls, messages):
-        return [_message(m, i) for i, m in enumerate(messages)]
+        return [checked_message(m, i) for i, m in enumerate(messages)]
 
     @field_validator("tools")
     @classmethod
     def _tools(cls, tools):
-        return None if tools is None else [_tool(t, i) for i, t in enumerate(tools)]
+        return None if tools is None else [checked_tool(t, i) for i, t in enumerate(tools)]
 
     @model_validator(mode="after")
     def _chat_supported(self):
@@ -197,106 +197,3 @@ class CompletionRequest(_Request):
     @property
     def wants_report(self) -> bool:
         return self.logprobs is not None or self.x_report
-
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-# Text, and media as OpenAI sends them (image_url, input_audio) or as the chat template names them.
-PART_TYPES = ("text", "image_url", "input_audio", "image", "audio")
-
-
-def _message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
-    """A chat message as Google's template reads it: text content (text parts joined; media parts
-    kept, for `Engine.prepare`),
-    `developer` as `system`, and tool-call arguments as mappings (OpenAI sends JSON strings,
-    which the template would write verbatim inside Gemma's braces)."""
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        raise ValueError(f"messages[{index}] needs a role among {', '.join(ROLES)}")
-    out = dict(message)
-    if out["role"] == "developer":
-        out["role"] = "system"
-    content = out.get("content")
-    if isinstance(content, list):
-        if any(not isinstance(p, dict) or p.get("type") not in PART_TYPES for p in content):
-            raise ValueError(f"messages[{index}].content: the parts must be of types {', '.join(PART_TYPES)}")
-        if all(p["type"] == "text" for p in content):
-            out["content"] = "".join(str(p.get("text", "")) for p in content)
-        else:
-            out["content"] = [{"type": "text", "text": str(p.get("text", ""))} if p["type"] == "text" else p
-                              for p in content]
-    elif content is not None and not isinstance(content, str):
-        raise ValueError(f"messages[{index}].content must be a string or a list of content parts")
-    if out["role"] == "assistant" and out.get("tool_calls"):
-        if not isinstance(out["tool_calls"], list):
-            raise ValueError(f"messages[{index}].tool_calls must be a list of calls")
-        out["tool_calls"] = [_tool_call(c, index) for c in out["tool_calls"]]
-    if out["role"] == "tool" and isinstance(out.get("content"), str):
-        out["content"] = _json_or_text(out["content"])
-    return out
-
-
-def _tool_call(call: Any, index: int) -> Dict[str, Any]:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ValueError(f"messages[{index}].tool_calls: each call needs function.name")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str) and arguments.strip():
-        where = f"messages[{index}].tool_calls"
-        arguments = loads(arguments, where, f"{where}: the arguments string")
-    elif isinstance(arguments, str):
-        arguments = {}
-    if not isinstance(arguments, dict):
-        raise ValueError(f"messages[{index}].tool_calls: arguments must be a JSON object")
-    return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
-
-
-def _tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
-    """A tool as the template reads it: a function with a name, and parameters that are a JSON
-    schema object (see `_schema`)."""
-    where = f"tools[{index}]"
-    if tool.get("type", "function") != "function":
-        raise ValueError(f"{where}.type must be \"function\"")
-    function = tool.get("function")
-    if not isinstance(function, dict):
-        raise ValueError(f"{where}.function must be an object with a name")
-    if not isinstance(function.get("name"), str) or not function["name"].strip():
-        raise ValueError(f"{where}.function.name must be a non-empty string")
-    if "description" in function and not isinstance(function["description"], (str, type(None))):
-        raise ValueError(f"{where}.function.description must be a string")
-    if function.get("parameters") is not None:
-        _schema(function["parameters"], f"{where}.function.parameters")
-    return tool
-
-
-def _schema(schema: Any, where: str) -> None:
-    """A JSON schema as Google's template walks it: an object whose `properties` map names to
-    schemas, whose `items` is a schema, `required` a list of names and `type` a string (or a
-    list of them)."""
-    if not isinstance(schema, dict):
-        raise ValueError(f"{where} must be a JSON schema object")
-    properties = schema.get("properties")
-    if properties is not None:
-        if not isinstance(properties, dict):
-            raise ValueError(f"{where}.properties must map parameter names to schemas")
-        for name, value in properties.items():
-            _schema(value, f"{where}.properties.{name}")
-    if schema.get("items") is not None:
-        _schema(schema["items"], f"{where}.items")
-    required = schema.get("required")
-    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
-        raise ValueError(f"{where}.required must be a list of parameter names")
-    kind = schema.get("type")
-    if kind is not None and not (isinstance(kind, str) or isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
-        raise ValueError(f"{where}.type must be a string")
-    if schema.get("enum") is not None and not isinstance(schema["enum"], list):
-        raise ValueError(f"{where}.enum must be a list")
-
-
-def _json_or_text(content: str) -> Any:
-    """A tool result that is a JSON object is rendered natively (`response:NAME{key:value}`);
-    anything else, JSON nested too deep for the template included, as the text it is."""
-    try:
-        value = loads(content, "a tool result", "a tool result")
-    except Refused:
-        return content
-    return value if isinstance(value, dict) else content
-
