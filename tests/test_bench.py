@@ -309,16 +309,19 @@ def test_controlled(tiny_models, tmp_path):
     assert data["loop_efficiency"]["median"] == efficiency[rounds // 2]
     assert next(b for b in data["bars"] if "loop efficiency" in b["bar"])["ratio"] == data["loop_efficiency"]["median"]
     a0 = next(b for b in data["bars"] if b["bar"].startswith("a = 0, g = 6"))
-    ratios = sorted(on / off * cost for on, off, cost in zip(data["trials"]["g = 6, a = 0"], data["trials"]["MTP off"], data["costs"]))
+    ratios = sorted(on / off * cost for on, off, cost in zip(data["trials"]["g = 6, a = 0"], data["trials"]["MTP off, a = 0"], data["costs"]))
     assert a0["ratio"] == pytest.approx(ratios[rounds // 2] if rounds % 2 else (ratios[rounds // 2 - 1] + ratios[rounds // 2]) / 2)
     assert report_rows(folder, "controlled", "met")[0][f"middle half of the {rounds} rounds"] == "{:.2f}-{:.2f}".format(
         *data["bars"][0]["middle_half"])
     assert "The bars, and the spread of their rounds" in (folder / "report.html").read_text()
-    # At every acceptance the adaptive length is set against the best of MTP off and every
-    # fixed g timed in the same rounds: each round against the one the other two rounds rank
-    # first, and (beside it) against the best over all three.
+    # At every acceptance the adaptive length is set against the best of MTP off (a run of it
+    # timed next to the adaptive run, in either order of the round) and every fixed g timed in
+    # the same rounds: each round against the one the other two rounds rank first, and (beside
+    # it) against the best over all three.
+    order = list(data["trials"])
     for a in ("0", "0.3", "0.5", "0.7", "0.9", "1"):
-        rivals = ("MTP off", f"g = 2, a = {a}", f"g = 6, a = {a}")
+        assert order.index(f"MTP off, a = {a}") + 1 == order.index(f"adaptive, a = {a}")
+        rivals = (f"MTP off, a = {a}", f"g = 2, a = {a}", f"g = 6, a = {a}")
         best = data["best"][a]
         assert best in rivals
         assert data["median_tps"][best] == max(data["median_tps"][n] for n in rivals)
