@@ -6,7 +6,9 @@ takes its fastest run (see `fastest_of`).
 
 At every acceptance of the sweep the default (the adaptive length) is set against the best of
 MTP off and every fixed g: the draft length the cost model chooses must be as good as the best
-one could have fixed knowing the acceptance.
+one could have fixed knowing the acceptance. Each acceptance's runs follow each other, with a run
+of MTP off of their own next to the adaptive one: on this project's VM the speed moves by a
+fifth within seconds, so a rival timed a minute away is set against another machine.
 
 Each round draws its own text: which positions are predictable at acceptance a (the controlled
 drafter's seed is the round's number), the same for every configuration of the round. With one
