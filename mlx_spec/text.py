@@ -176,10 +176,13 @@ class TextSide:
 
     def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
-        each token's text as written (`raw`) and as shown in its channel (`text`). A tool call's
-        tokens are held until its block ends: one that does not read as a call (malformed, or
-        cut off by the budget) shows as the text the model wrote, in the answer, rather than
-        vanishing with neither text nor call."""
+        each token's text as written (`raw`) and as shown in its channel (`text`). A token whose
+        text the detokenizer still holds (a character's first bytes) comes out with the token
+        that completes it; at the end (the budget, a stop token) what it holds is written out,
+        a character cut short as U+FFFD, as mlx-lm and `tokenizer.decode` write it. A tool
+        call's tokens are held until its block ends: one that does not read as a call
+        (malformed, or cut off by the budget) shows as the text the model wrote, in the answer,
+        rather than vanishing with neither text nor call."""
         if self.tokenizer is None:
             yield from reports
             return
@@ -187,26 +190,42 @@ class TextSide:
         detokenizer.reset()
         channels = self.format.channels(self.tokenizer)
         held: List[TokenReport] = []  # the tool call being written
+        unwritten: List[TokenReport] = []  # tokens whose text the detokenizer still holds
         for report in reports:
             if report is WAITING:  # a batch row with nothing new yet (decoding/batch.py)
                 yield report
                 continue
             if report.token in self.stop_tokens:
                 report.text = report.raw = ""
+                ready = [*_written_out(detokenizer, unwritten), report]
             else:
                 detokenizer.add_token(report.token)
                 report.raw = detokenizer.last_segment
-                report.channel, report.text = channels.feed(report.token, report.raw)
-            report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
-            if report.channel == TOOL_CALL:
-                held.append(report)
-                # Each block settles at its closing marker: a bad one beside a good one is text.
-                if getattr(channels, "channel", TOOL_CALL) != TOOL_CALL:
-                    yield from self._settled_call(held)
-                continue
-            yield from self._settled_call(held)
-            yield report
+                unwritten.append(report)
+                if not report.raw:
+                    continue
+                ready = unwritten[:]
+            unwritten.clear()
+            for each in ready:
+                yield from self._shown(each, channels, held)
+        for each in _written_out(detokenizer, unwritten):
+            yield from self._shown(each, channels, held)
         yield from self._settled_call(held)
+
+    def _shown(self, report: TokenReport, channels, held: List[TokenReport]) -> Iterator[TokenReport]:
+        """One token's report with its channel and shown text, after the tool call before it has
+        settled; a tool call's own tokens wait in `held` until their block ends."""
+        if report.token not in self.stop_tokens:
+            report.channel, report.text = channels.feed(report.token, report.raw)
+        report.top = [(t, p, self.token_text(t)) for t, p, _ in report.top]
+        if report.channel == TOOL_CALL:
+            held.append(report)
+            # Each block settles at its closing marker: a bad one beside a good one is text.
+            if getattr(channels, "channel", TOOL_CALL) != TOOL_CALL:
+                yield from self._settled_call(held)
+            return
+        yield from self._settled_call(held)
+        yield report
 
     def _settled_call(self, held: List[TokenReport]) -> List[TokenReport]:
         """A tool call's held reports, emptied from `held`: as they are where the format reads a
@@ -217,3 +236,13 @@ class TextSide:
         out = held[:]
         held.clear()
         return out
+
+
+def _written_out(detokenizer, unwritten: List[TokenReport]) -> List[TokenReport]:
+    """The answer ends (or a stop token ends it): what the detokenizer still holds is the text of
+    the last of these tokens. (`TokenizerWrapper.detokenizer` makes a new one at each reading:
+    this is the one the tokens went into.)"""
+    detokenizer.finalize()
+    if unwritten:
+        unwritten[-1].raw = detokenizer.last_segment
+    return unwritten[:]

@@ -193,3 +193,25 @@ def test_openai_messages_become_gemma_native():
     assert call["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     assert result["content"] == {"ok": True}
     assert req.enable_thinking is True
+
+
+@pytest.mark.parametrize("ended_by", ["budget", "stop token"])
+def test_text_cut_inside_a_character_or_before_a_space_is_written_out_at_the_end(engine, ended_by):
+    """An answer the budget (or a stop token) ends inside a character, or after a space the
+    detokenizer holds to see what follows, ends with what `tokenizer.decode` writes for the same
+    tokens: the cut character as U+FFFD, the space kept. (Both were dropped, in the stream and
+    the result alike.) Each token's report still comes out in order, one per token."""
+    ids = engine.tokenizer.encode("Hi 😀 台北 ok", add_special_tokens=False)
+    end = engine.tokenizer.convert_tokens_to_ids("<turn|>")
+    cuts = 0
+    for n in range(1, len(ids) + 1):
+        written = ids[:n]
+        stream = written + ([end] if ended_by == "stop token" else [])
+        steps = list(engine.text.with_text(TokenReport(t, drafted=False, cycle=i) for i, t in enumerate(stream)))
+        assert [s.token for s in steps] == stream
+        expected = engine.tokenizer.decode(written)
+        assert "".join(s.raw for s in steps) == expected
+        result = build_result(engine, steps, Stats(generated_tokens=len(steps)))
+        assert result.text == expected
+        cuts += expected.endswith("\ufffd") or expected.endswith(" ")
+    assert cuts >= 4  # the emoji and each CJK character are several byte tokens; two spaces
