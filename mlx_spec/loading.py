@@ -66,38 +66,27 @@ def load(
 
 
 def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, registry, lockstep, experts) -> Engine:
-    for name, value in (("model", model), ("drafter", drafter)):
-        if not isinstance(value, (str, os.PathLike)) and not (name == "drafter" and value is None):
-            raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
-    if experts not in ("whole", "split"):
-        raise LoadError(f"experts must be \"whole\" or \"split\", got {experts!r}")
-    if experts == "split" and lockstep.size == 1:
-        raise LoadError("experts=\"split\" (--experts split) divides a mixture's experts between the ranks of a group "
-                        "started by mlx.launch; this process runs alone, with every expert")
+    _check_arguments(model, drafter, experts, lockstep)
     model, drafter = str(model), None if drafter is None else str(drafter)
     model, drafter = resolve_names(model, drafter, registry)
     needed = check_memory(model, drafter, context, force, registry, lockstep.size, experts)
-    if lockstep.size > 1 and needed is not None:  # refused before anything is downloaded
-        config = needed.target_config
-        family = registry.family_for_config(config)
-        if family is not None and family.split is not None and config.get("model_type") in family.target_types:
-            family.check_split(config, lockstep.size, model, experts)
+    if lockstep.size > 1 and needed is not None:
+        _refuse_unsplittable(needed, model, registry, lockstep.size, experts)
     target_checkpoint = read(model, "target")
     family = registry.family_of(target_checkpoint, "target")
     if lockstep.size > 1:
         if family.split is None:
             raise LoadError(f"target {target_checkpoint.path}: the {family.name} family cannot be split over a group")
         family.check_split(target_checkpoint.config, lockstep.size, target_checkpoint.path, experts)
-    target = family.load_target(target_checkpoint)
     auto = drafter == AUTO
     if auto:
         drafter = family.drafter_for(target_checkpoint)
-    assistant, drafter_checkpoint = None, None
-    if drafter is not None:
-        drafter_checkpoint = read(drafter, "drafter")
-        if registry.family_of(drafter_checkpoint, "drafter") is not family or family.load_drafter is None:
-            raise LoadError(f"drafter {drafter_checkpoint.path} is not a drafter of the {family.name} family, "
-                            f"which the target {target_checkpoint.path} is of")
+    # Both checkpoints are read, and checked against each other and the group, before any weight loads.
+    drafter_checkpoint = None if drafter is None else _drafter_checkpoint(drafter, target_checkpoint, family, registry,
+                                                                           lockstep.size)
+    target = family.load_target(target_checkpoint)
+    assistant = None
+    if drafter_checkpoint is not None:
         assistant = family.load_drafter(drafter_checkpoint, drafter_bits, drafter_mode)
         try:
             family.check_pair(target, assistant, drafter_checkpoint.path)
@@ -119,6 +108,40 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
     if media:
         engine.media.load()
     return engine
+
+
+def _check_arguments(model, drafter, experts: str, lockstep: Lockstep) -> None:
+    for name, value in (("model", model), ("drafter", drafter)):
+        if not isinstance(value, (str, os.PathLike)) and not (name == "drafter" and value is None):
+            raise LoadError(f"{name} must be a size, a hub id or a folder (a string or a path), got {type(value).__name__}")
+    if experts not in ("whole", "split"):
+        raise LoadError(f"experts must be \"whole\" or \"split\", got {experts!r}")
+    if experts == "split" and lockstep.size == 1:
+        raise LoadError("experts=\"split\" (--experts split) divides a mixture's experts between the ranks of a group "
+                        "started by mlx.launch; this process runs alone, with every expert")
+
+
+def _refuse_unsplittable(needed, model: str, registry: Registry, size: int, experts: str) -> None:
+    """A pair the group cannot split, refused from the config.json files the memory check read,
+    before anything is downloaded."""
+    config = needed.target_config
+    family = registry.family_for_config(config)
+    if family is None or family.split is None or config.get("model_type") not in family.target_types:
+        return  # (reading the checkpoint names what is wrong)
+    family.check_split(config, size, model, experts)
+    if needed.drafter_config is not None and family.check_drafter_split is not None:
+        family.check_drafter_split(config, needed.drafter_config, size, needed.drafter)
+
+
+def _drafter_checkpoint(drafter: str, target_checkpoint, family, registry: Registry, size: int):
+    """The drafter's checkpoint, of the target's family and splittable as the target is."""
+    checkpoint = read(drafter, "drafter")
+    if registry.family_of(checkpoint, "drafter") is not family or family.load_drafter is None:
+        raise LoadError(f"drafter {checkpoint.path} is not a drafter of the {family.name} family, "
+                        f"which the target {target_checkpoint.path} is of")
+    if size > 1 and family.check_drafter_split is not None:
+        family.check_drafter_split(target_checkpoint.config, checkpoint.config, size, checkpoint.path)
+    return checkpoint
 
 
 def resolve_names(model: str, drafter: Optional[str], registry: Registry = FAMILIES) -> Tuple[str, Optional[str]]:

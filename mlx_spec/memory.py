@@ -34,6 +34,7 @@ class Estimate:
     context: int
     drafter: Optional[str] = None  # the drafter counted in `weights`, if any
     target_config: Optional[dict] = field(default=None, repr=False)  # config.json, as read for the count
+    drafter_config: Optional[dict] = field(default=None, repr=False)  # the drafter's, where counted
 
     @property
     def total(self) -> int:
@@ -82,16 +83,17 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
         if family.rank_share is not None:
             weight_share, cache_share = family.rank_share(config, ranks, experts, context, SLIDING_SLACK)
             weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
-    auto, drafter_weights = drafter == AUTO, None
+    auto, drafter_weights, drafter_config = drafter == AUTO, None, None
     if auto:
         drafter = _auto_drafter(target, config, registry)
     if drafter is not None:
-        drafter_weights, _ = _files_and_config(drafter, registry)
+        drafter_weights, drafter_config = _files_and_config(drafter, registry)
         if drafter_weights is None and not auto:
             return None
         # (An auto drafter not known offline is left out: the target alone is still checked.)
         weights += drafter_weights or 0
-    return Estimate(weights, kv_cache, context, drafter if drafter_weights else None, config)
+    counted = drafter if drafter_weights else None
+    return Estimate(weights, kv_cache, context, counted, config, drafter_config if counted else None)
 
 
 def _auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:

@@ -6,6 +6,7 @@ The tiny checkpoints: E2B's structure (one K/V head: every rank keeps it, the dr
 whole) and E4B's (two K/V heads: split, and the drafter's attention split with them).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -350,6 +351,40 @@ def test_a_split_that_cannot_be_is_refused_before_any_download(checkpoints, monk
     with pytest.raises(LoadError, match="someone/gemma-4-variant: a group of 3 cannot split its 4 query heads"):
         loading._load("someone/gemma-4-variant", None, None, None, 8192, False, False, FAMILIES, Lockstep(RankZeroOf(3)),
                       "whole")
+
+
+def test_a_drafter_that_cannot_be_split_is_refused_before_any_weight_loads(checkpoints, monkeypatch):
+    """E4B splits over 8 ranks, but its assistant's 4 query heads cannot read the K/V heads the
+    ranks split: refused from the config.json files, before any download where the memory check
+    read them, and before the target's weights load where only the checkpoints tell (it was
+    refused after loading both)."""
+    from mlx_spec import loading, memory
+    from mlx_spec.decoding.lockstep import Lockstep
+    from mlx_spec.models import FAMILIES, Checkpoint, Registry
+    from mlx_spec.models.gemma4.sizes import SIZES
+
+    target = {"model_type": "gemma4_text", **SIZES["e4b"].config}
+    drafter = json.loads((checkpoints["assistant"] / "config.json").read_text())
+    drafter["text_config"] = {**drafter["text_config"], "num_attention_heads": 4, "num_key_value_heads": 2}
+    configs = {"someone/e4b": target, "someone/e4b-assistant": drafter}
+    monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (10**6, configs[name]))
+    monkeypatch.setattr(loading, "read", lambda *args: pytest.fail("the checkpoint was downloaded"))
+    why = "drafter someone/e4b-assistant: its 4 query heads cannot be split over a group of 8"
+    with pytest.raises(LoadError, match=why):
+        loading._load("someone/e4b", "someone/e4b-assistant", None, None, 8192, False, False, FAMILIES,
+                      Lockstep(RankZeroOf(8)), "whole")
+
+    # Sizes unknown offline: the checkpoints are read, and the drafter refused before a weight loads.
+    monkeypatch.setattr(memory, "_files_and_config", lambda name, registry: (None, None))
+    monkeypatch.setattr(loading, "read", lambda name, role: Checkpoint(Path(name), configs[name], {}))
+    gemma4 = dataclasses.replace(FAMILIES.families[0], load_target=lambda checkpoint: pytest.fail("the target loaded"))
+    with pytest.raises(LoadError, match=why):
+        loading._load("someone/e4b", "someone/e4b-assistant", None, None, 8192, False, False, Registry([gemma4]),
+                      Lockstep(RankZeroOf(8)), "whole")
+    # Four ranks divide the drafter's heads: past the checks, to the target's weights.
+    with pytest.raises(pytest.fail.Exception, match="the target loaded"):
+        loading._load("someone/e4b", "someone/e4b-assistant", None, None, 8192, False, False, Registry([gemma4]),
+                      Lockstep(RankZeroOf(4)), "whole")
 
 
 def test_splitting_experts_a_model_does_not_have_is_refused(checkpoints, monkeypatch):

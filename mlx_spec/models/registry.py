@@ -48,6 +48,9 @@ class Family:
     # read; and (target, draft model or None, group, experts) -> both split in place. `experts`:
     # "whole" or "split", for a mixture of experts. None: the family runs whole.
     check_split: Optional[Callable[[Mapping[str, Any], int, Path, str], None]] = None
+    # (the target's config.json, the drafter's, group size, the drafter's path) -> a LoadError
+    # where the drafter cannot be split as the target is, before its weights are read.
+    check_drafter_split: Optional[Callable[[Mapping[str, Any], Mapping[str, Any], int, Path], None]] = None
     split: Optional[Callable[[Any, Optional[Any], Any, str], None]] = None
     # (config.json, group size, experts, context, sliding slack) -> (weights, K/V cache): the
     # share of each one rank holds.

@@ -21,7 +21,7 @@ from .loader import (
     target_from,
 )
 from .sizes import SIZES, size_of
-from .tensor_parallel import check_split, rank_share, split_pair
+from .tensor_parallel import check_drafter_split, check_split, rank_share, split_pair
 
 FAMILY = Family(
     name="Gemma 4",
@@ -37,6 +37,7 @@ FAMILY = Family(
     load_media=load_media,
     kv_cache_bytes=kv_cache_bytes,
     check_split=check_split,
+    check_drafter_split=check_drafter_split,
     split=split_pair,
     rank_share=rank_share,
 )

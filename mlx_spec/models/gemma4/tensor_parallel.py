@@ -120,16 +120,33 @@ def kv_is_split(target, size: int) -> bool:
     return size > 1 and any(n > 1 for n in kv_heads(target.args).values())
 
 
+def check_drafter_split(target_config: dict, drafter_config: dict, size: int, path) -> None:
+    """A LoadError, before the drafter's weights are read, where its attention cannot be split
+    as the target's K/V heads are over `size` ranks (nothing is split where each rank keeps
+    every K/V head)."""
+    target_kv = kv_heads(normalize_text_config(text_config(target_config)))
+    if size <= 1 or not any(n > 1 for n in target_kv.values()):
+        return
+    heads = text_config(drafter_config).get("num_attention_heads") or 0
+    if heads % size:
+        raise LoadError(_unsplittable(f"drafter {path}: its", heads, size))
+
+
+def _unsplittable(whose: str, heads: int, size: int) -> str:
+    return (f"{whose} {heads} query heads cannot be split over a group of {size} (the target's K/V "
+            "heads are split, and its attention reads them): run on a group whose size divides them, or without "
+            "the drafter (--no-mtp)")
+
+
 def split_drafter(drafter, target, group: mx.distributed.Group) -> None:
     """Split the drafter's attention as the target's K/V heads are split (nothing to do where
-    every rank keeps all of them); its MLP and heads stay whole."""
+    every rank keeps all of them); its MLP and heads stay whole. (`check_drafter_split` refuses
+    a drafter that cannot be, from the configs, before it is loaded.)"""
     if not kv_is_split(target, group.size()):
         return
     query_heads = {layer.self_attn.n_heads for layer in drafter.model.layers}
     if any(n % group.size() for n in query_heads):
-        raise LoadError(f"the drafter's {min(query_heads)} query heads cannot be split over a group of {group.size()} "
-                        "(the target's K/V heads are split, and its attention reads them): run on a group whose size "
-                        "divides them, or without the drafter (--no-mtp)")
+        raise LoadError(_unsplittable("the drafter's", min(query_heads), group.size()))
     heads = kv_heads(target.args)
     for layer, kind in zip(drafter.model.layers, drafter.layer_types):
         _split_attention(layer.self_attn, group.rank(), group.size(), group, kv=heads[kind])
