@@ -41,17 +41,7 @@ def bars(setup, sweep_entries: list, progress) -> dict:
     # predicted as 0.81 in one run and 1.21 in another on this project's machine). Runs compared
     # with each other follow each other, so a machine that slows down for a while slows both.
     args, engine, g = setup.args, setup.engine, setup.g
-    configs = {"mlx-lm": setup.mlx_lm, "MTP off": setup.mtp_off,
-               "copy (free guesses), adaptive": lambda: setup.controlled(1.0, None, inner=None)}
-    for a in args.acceptance:
-        # MTP off again beside each acceptance's runs, next to its adaptive run in either order
-        # of the round: the rival it is set against is timed seconds from it, not a minute.
-        configs[beside(a)] = setup.mtp_off
-        configs[f"adaptive, a = {a:g}"] = lambda a=a: setup.controlled(a, None)
-        for n in fixed_lengths(setup):
-            configs[f"g = {n}, a = {a:g}"] = lambda a=a, n=n: setup.controlled(a, n)
-    lengths = record_lengths(configs, [name for name in configs if "adaptive" in name])
-    configs[AGAIN] = setup.mtp_off  # last: the round's other end from MTP off (the module's docstring)
+    configs, lengths = configurations(setup)
 
     def alone_ms():
         drafter = ControlledDrafter(engine.mtp_drafter, setup.reference, engine.target.vocab_size, 1.0)
@@ -96,6 +86,22 @@ def bars(setup, sweep_entries: list, progress) -> dict:
             "best_of": args.best_of, "median_tps": tps, "best": {f"{a:g}": name for a, name in best.items()},
             "costs": costs, "text_seeds": list(range(args.trials)), "adaptive_cycles_by_g": lengths, "bars": measured,
             "noise": reach}
+
+
+def configurations(setup):
+    """(name -> run, in the round's order; name -> what each adaptive run drafted)."""
+    configs = {"mlx-lm": setup.mlx_lm, "MTP off": setup.mtp_off,
+               "copy (free guesses), adaptive": lambda: setup.controlled(1.0, None, inner=None)}
+    for a in setup.args.acceptance:
+        # MTP off again beside each acceptance's runs, next to its adaptive run in either order
+        # of the round: the rival it is set against is timed seconds from it, not a minute.
+        configs[beside(a)] = setup.mtp_off
+        configs[f"adaptive, a = {a:g}"] = lambda a=a: setup.controlled(a, None)
+        for n in fixed_lengths(setup):
+            configs[f"g = {n}, a = {a:g}"] = lambda a=a, n=n: setup.controlled(a, n)
+    lengths = record_lengths(configs, [name for name in configs if "adaptive" in name])
+    configs[AGAIN] = setup.mtp_off  # last: the round's other end from MTP off (the module's docstring)
+    return configs, lengths
 
 
 def noise(trials: dict, draws: int = 2000) -> dict:
