@@ -204,8 +204,8 @@ class TextSide:
                 unwritten.append(report)
                 if not report.raw:
                     continue
-                ready = unwritten[:]
-            unwritten.clear()
+                ready = unwritten
+            unwritten = []
             for each in ready:
                 yield from self._shown(each, channels, held)
         for each in _written_out(detokenizer, unwritten):
@@ -245,4 +245,4 @@ def _written_out(detokenizer, unwritten: List[TokenReport]) -> List[TokenReport]
     detokenizer.finalize()
     if unwritten:
         unwritten[-1].raw = detokenizer.last_segment
-    return unwritten[:]
+    return unwritten
