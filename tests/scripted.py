@@ -23,8 +23,9 @@ class ScriptedDrafter(Drafter):
 
     drafts_ahead = True
 
-    def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0, strict=True):
+    def __init__(self, reference, vocab_size, break_at=None, break_probability=0.0, seed=0, strict=True, copied=False):
         self.strict = strict
+        self.copied = copied  # its drafts marked as copied from the text, as prompt lookup's are
         self.reference = list(reference)
         self.vocab_size = vocab_size
         self.break_at = break_at
@@ -38,7 +39,7 @@ class ScriptedDrafter(Drafter):
             assert context.tokens == self.reference[: len(context.tokens)], "drafter called on a state off the reference"
         broken = [i == self.break_at or bool(self.break_probability and self.rng.random() < self.break_probability)
                   for i in range(g)]
-        return Draft(self.guesses(context.device_position, broken))
+        return Draft(self.guesses(context.device_position, broken), copied=self.copied)
 
     def guesses(self, position: mx.array, broken) -> mx.array:
         """The reference's next len(broken) tokens after `position`, read on the device (the

@@ -663,7 +663,8 @@ def test_a_request_starts_from_the_engine_s_acceptance(engine, prompt, reference
             engine.generate(prompt, max_tokens=60, drafter=drafter)
         lengths = []
         observe_row = DraftLength.observe
-        monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None: (lengths.append(g), observe_row(self, g, kept, asked)))
+        monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None, pooled=True: (
+            lengths.append(g), observe_row(self, g, kept, asked, pooled)))
         result = engine.generate(prompt, max_tokens=60, drafter=ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=3))
         monkeypatch.setattr(DraftLength, "observe", observe_row)
         assert result.tokens == reference[len(prompt) : len(prompt) + 60]
@@ -671,6 +672,46 @@ def test_a_request_starts_from_the_engine_s_acceptance(engine, prompt, reference
             assert lengths[0] >= 6, lengths
         else:
             assert lengths[0] == 2 and lengths[1:].count(0) > 0.9 * len(lengths[1:]), lengths
+
+
+def test_guesses_copied_from_a_request_s_text_are_not_where_the_next_request_starts(engine, prompt, reference, monkeypatch):
+    """A request starts from the engine's pooled acceptance. Guesses copied from a request's own
+    text (`Draft.copied`, as prompt lookup's are) are kept where that text repeats itself, and
+    say nothing of how the next request's are guessed: after requests whose every guess was
+    copied and kept, alone and together, the engine's acceptance has judged nothing, and a
+    request whose guesses are never kept probes as on a fresh engine (two guesses first, then
+    next to nothing). It drafted 8 guesses in its first cycles on them, at a cost of up to three
+    plain steps each where the tiny target is overhead-bound."""
+    modelled_step_times(monkeypatch)
+    monkeypatch.setattr(engine, "draft_lengths", DraftLengths())
+    for _ in range(2):
+        result = engine.generate(prompt, max_tokens=60, drafter=ScriptedDrafter(reference, tiny.VOCAB, copied=True))
+        assert result.tokens == reference[len(prompt) : len(prompt) + 60] and result.stats.kept > 40
+    together = engine.generate_many([prompt, prompt], max_tokens=60,
+                                    drafter=ScriptedDrafter(reference, tiny.VOCAB, copied=True, strict=False))
+    assert all(r.tokens == reference[len(prompt) : len(prompt) + 60] and r.stats.kept > 40 for r in together)
+    copied_judged = engine.draft_lengths.acceptance.judged_any
+    lengths = []
+    observe_row = DraftLength.observe
+    monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None, pooled=True: (
+        lengths.append(g), observe_row(self, g, kept, asked, pooled)))
+    never = ScriptedDrafter(reference, tiny.VOCAB, break_probability=1.0)
+    result = engine.generate(prompt, max_tokens=60, drafter=never)
+    monkeypatch.setattr(DraftLength, "observe", observe_row)
+    assert result.tokens == reference[len(prompt) : len(prompt) + 60]
+    assert max(lengths) <= 3 and sum(lengths) <= 9, lengths
+    assert not copied_judged and engine.draft_lengths.acceptance.judged[0] > 0  # its own guesses are pooled
+
+
+def test_prompt_lookup_s_guesses_are_marked_copied(checkpoints, prompt, reference):
+    """Alone and in a batch: an engine whose only drafter is prompt lookup drafts on a prompt
+    that repeats itself, and its pooled acceptance judges none of those guesses."""
+    plain = load(str(checkpoints["text"]), drafter=None).with_stop_tokens([])
+    alone = plain.generate(prompt, max_tokens=40)
+    together = plain.generate_many([prompt, prompt[1:]], max_tokens=40)
+    assert alone.tokens == together[0].tokens == reference[len(prompt) : len(prompt) + 40]
+    assert all(r.stats.drafted_by_source.get("lookup", 0) > 0 for r in (alone, *together))
+    assert not plain.draft_lengths.acceptance.judged_any
 
 
 def test_lookup_alone_without_an_assistant(checkpoints, prompt, reference):

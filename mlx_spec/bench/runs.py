@@ -144,7 +144,7 @@ class ControlledDrafter(Drafter):
         still be computing (a cycle drafted ahead)."""
         guesses = self._guesses(context.device_position, g)
         if self.inner is None:
-            return Draft(guesses, source="copy")
+            return Draft(guesses, source="copy", copied=True)
         drafted = yield from self.inner.draft_steps(context, g)
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
         return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)

@@ -159,7 +159,8 @@ class StepBuilder:
                 continue
             g = draft.tokens.shape[0]
             kept, tokens, reports = verified[b]
-            members.append(Member(row, Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports)))
+            members.append(Member(row, Cycle(start, g, asked, draft.source, kept, tokens, hidden[b : b + 1, : g + 1], reports,
+                                              draft.copied)))
         return members, positions, stages
 
     def _row_kv(self, offsets: mx.array, b: int) -> dict:

@@ -80,6 +80,7 @@ class Cycle:
     tokens: mx.array  # [g + 1]: the first kept + 1 are the output
     hidden: mx.array  # [1, g + 1, H]
     reports: Dict[str, mx.array]
+    copied: bool = False  # the guesses were copied from the text (`Draft.copied`)
 
     def arrays(self) -> list:
         return [self.kept, self.tokens, self.hidden, *self.reports.values()]
@@ -110,7 +111,7 @@ class CycleBuilder:
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target.forward(inputs, state.cache)
         kept, tokens, reports = self.verify(start, logits[0], draft)
-        return Cycle(start, draft.tokens.shape[0], asked, draft.source, kept, tokens, hidden, reports)
+        return Cycle(start, draft.tokens.shape[0], asked, draft.source, kept, tokens, hidden, reports, draft.copied)
 
     def verify(self, start: Start, logits: mx.array, draft: Draft):
         """(kept, tokens, reports) of a draft from the target's logits [g + 1, V] at the last

@@ -145,5 +145,5 @@ class Decoder:
             self.drafter.accept(state, outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
-        self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked)
+        self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked, pooled=not cycle.copied)
         return reports

@@ -7,30 +7,30 @@ Every request (a row of a batch, or a generation alone: a batch of one) holds a 
   kept when the guesses before it were. E(g) = 1 + a1 + a1 a2 + ... is the tokens a cycle with
   g guesses is expected to settle.
 
-A request's acceptance starts from the engine's (every request on it adds to it), worth a few
-observations of its own. While an adaptive request drafts nothing, a short probe now and then
-notices when guessing pays again: as often as its net cost (its extra time over a plain cycle,
-less the tokens its guesses may keep, the first guess counted one standard error above its
-estimate: while few observations say, a probe is also worth what it may find) is about 1% of the
-time. Near break-even a probe costs next to nothing and comes every few cycles; where guesses
-are never kept it costs its whole extra time and comes rarely. A request's first cycles are a
-probe too: two guesses, four times as many each time all are kept, until one misses (so a run
-where everything is kept reaches its best length in two cycles, whatever the engine's earlier
-requests kept). A later probe that keeps everything is followed by a longer one only where the
-request's own figures gave that less than a third of a chance (SURPRISING): news that its
-content became easier to guess. Where they expected it (near break-even, every other probe keeps
-everything), a longer probe would cost its whole draft for a figure the probe just updated, and
-the cost model decides from that figure. Where the engine's own guesses, judged often, are not
+A request's acceptance starts from the engine's (every request on it adds to it, but for guesses
+copied from its own text), worth a few observations of its own. While an adaptive request drafts
+nothing, a short probe now and then notices when guessing pays again: as often as its net cost (its
+extra time over a plain cycle, less the tokens its guesses may keep, the first guess counted one
+standard error above its estimate: while few observations say, a probe is also worth what it may
+find) is about 1% of the time. Near break-even a probe costs next to nothing and comes every few
+cycles; where guesses are never kept it costs its whole extra time and comes rarely. A request's
+first cycles are a probe too: two guesses, four times as many each time all are kept, until one
+misses (so a run where everything is kept reaches its best length in two cycles, whatever the
+engine's earlier requests kept). A later probe that keeps everything is followed by a longer one
+only where the request's own figures gave that less than a third of a chance (SURPRISING): news
+that its content became easier to guess. Where they expected it (near break-even, every other probe
+keeps everything), a longer probe would cost its whole draft for a figure the probe just updated,
+and the cost model decides from that figure. Where the engine's own guesses, judged often, are not
 worth a probe, the first probe is prompt lookup's alone: it asks only whether the request's text
 repeats itself, and costs nothing where it does not. In a batch, a step's cost is paid by every
 row, however many of them probe in it: rows' probes that are nearly due go out together with one
 that is due, and a new row's first probe waits for one (but one lookup alone makes: it costs the
 others nothing where it finds nothing), and in sharing a step the rows' probe clocks fall into
 step. Each probe in a row that keeps nothing doubles the wait before the next where a probe may
-keep less than half what it costs (so one miss near break-even is one observation, not a
-verdict), up to MAX_PROBE_INTERVAL plain cycles (a second or two of decoding); a probe that
-keeps anything resets it. The loop chooses a cycle's length while the cycle before it runs, so a
-probe is handed out once until it settles or is withdrawn (its step was dropped unrun).
+keep less than half what it costs (so one miss near break-even is one observation, not a verdict),
+up to MAX_PROBE_INTERVAL plain cycles (a second or two of decoding); a probe that keeps anything
+resets it. The loop chooses a cycle's length while the cycle before it runs, so a probe is handed
+out once until it settles or is withdrawn (its step was dropped unrun).
 """
 
 from math import prod
@@ -153,10 +153,13 @@ class DraftLength:
         out again."""
         self.probe_out = False
 
-    def observe(self, g: int, kept: int, asked: Optional[int] = None) -> None:
+    def observe(self, g: int, kept: int, asked: Optional[int] = None, pooled: bool = True) -> None:
         """A settled cycle: g guesses, the first `kept` of them kept. `asked`: the g it was
         chosen with, when its drafter proposed fewer. A cycle chosen with no guesses leaves a
-        probe that is out alone."""
+        probe that is out alone. `pooled`: the engine's acceptance learns it too; not where the
+        guesses were copied from the text (prompt lookup): a request whose text repeats itself
+        keeps them all, and the next request, on other text, would draft long with the
+        assistant from its first cycle on them."""
         asked = g if asked is None else asked
         self.plain_streak = self.plain_streak + 1 if asked == 0 else 0
         self.cycles += 1
@@ -164,7 +167,7 @@ class DraftLength:
         # The chance, before this news, that every guess would be kept (the module's docstring).
         chance = prod(self.stats.rates(g)) if probing and g else 1.0
         self.stats.observe(g, kept, PROBE_WEIGHT if probing else None)
-        if self.prior is not None:
+        if self.prior is not None and pooled:
             self.prior.observe(g, kept)
         if asked > 0 and self.adaptive:
             # A probe that kept everything is followed by a longer one, in the opening or where

@@ -21,4 +21,4 @@ class PromptLookup(Drafter):
         return context.ngrams.continuation(context.tokens, g)
 
     def draft(self, context: DraftContext, g: int) -> Draft:
-        return Draft(mx.array(self.continuation(context, g), dtype=mx.int32), source=self.source)
+        return Draft(mx.array(self.continuation(context, g), dtype=mx.int32), source=self.source, copied=True)
