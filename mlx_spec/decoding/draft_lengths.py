@@ -75,9 +75,20 @@ class DraftLengths:
         # the loop measures it (step_clock.py): (rows, positions) -> seconds.
         self.probe_extra: Dict[Tuple[int, int], float] = {}
         self.probes_timed: Dict[Tuple[int, int], int] = {}
+        self._memo: Optional[Dict[Tuple[int, int], float]] = None  # step times while a step is chosen
 
     def choose(self, asks: List[Ask]) -> List[int]:
         """Each row's g for the next step of these rows (probes handed out are marked so)."""
+        # The table holds still while a step is chosen, and the choice reads a length's time
+        # several times (the best length, the retiming's rates): each is worked out once. This
+        # runs on the host every step, beside a plain step of a few milliseconds.
+        self._memo = {}
+        try:
+            return self._choose(asks)
+        finally:
+            self._memo = None
+
+    def _choose(self, asks: List[Ask]) -> List[int]:
         batch, gs, deciders = len(asks), [0] * len(asks), []
         stepping = sum(a.budget > 0 for a in asks)
         wanted = {}
@@ -149,13 +160,17 @@ class DraftLengths:
         chosen is not timed again to mend it. Held to the cheapest longer step instead, a
         length errs only cheap, and a length that looks cheap is chosen and timed again; one
         held to a longer step's time is never chosen over it (same time, fewer tokens)."""
-        line, known = self._line(batch), self._known(batch)
-        times = []
-        for p in positions:
-            measured = self.seconds.get((batch, p))
-            longer = [t for timed, t in known if timed > p]
-            times.append(min([measured if measured is not None else line(p), *longer]))
-        return times
+        memo = self._memo if self._memo is not None else {}
+        missing = [p for p in positions if (batch, p) not in memo]
+        if missing:
+            line, known = None, self._known(batch)
+            for p in missing:
+                measured = self.seconds.get((batch, p))
+                if measured is None:
+                    line = line or self._line(batch)
+                    measured = line(p)
+                memo[(batch, p)] = min([measured, *(t for timed, t in known if timed > p)])
+        return [memo[(batch, p)] for p in positions]
 
     def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
