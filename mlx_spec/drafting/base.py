@@ -61,13 +61,13 @@ class Draft:
     tokens: mx.array  # [n] int32, n <= g: a drafter may propose fewer guesses than asked
     q: Optional[mx.array] = None  # [n, V] when the guesses were sampled from q
     source: str = "drafter"  # where the guesses came from, for the statistics
+    # Each step's output, in order, for drafters that guess step by step: the cycle is launched
+    # a step at a time (see decoding/launch.py).
+    steps: List[mx.array] = field(default_factory=list)
     # Copied from the text (prompt lookup): they say whether this text repeats itself, not how a
     # drafter guesses, so the engine's pooled acceptance, where a new request starts, leaves
     # them out (decoding/policy.py).
     copied: bool = False
-    # Each step's output, in order, for drafters that guess step by step: the cycle is launched
-    # a step at a time (see decoding/launch.py).
-    steps: List[mx.array] = field(default_factory=list)
 
 
 class Drafter(ABC):
