@@ -1,6 +1,7 @@
 """Adaptive draft length and prompt-lookup drafts: they change speed, never the output."""
 
 import random
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -650,6 +651,18 @@ def test_adaptive_with_scripted_acceptance_is_exact(engine, prompt, reference, m
     assert sum(n for g, n in never.cycles_by_g.items() if g >= 2) < 0.05 * never.cycles
 
 
+@contextmanager
+def recorded_lengths(monkeypatch):
+    """The g of every cycle settled inside the block, in order, as the requests' draft lengths saw them."""
+    lengths, observe = [], DraftLength.observe
+    monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None, pooled=True: (
+        lengths.append(g), observe(self, g, kept, asked, pooled)))
+    try:
+        yield lengths
+    finally:
+        monkeypatch.setattr(DraftLength, "observe", observe)
+
+
 def test_a_request_starts_from_the_engine_s_acceptance(engine, prompt, reference, monkeypatch):
     """The engine pools how guesses fare over its requests, and a new request starts from it:
     after requests that keep every guess, the next drafts long from its first cycle (no probe
@@ -661,12 +674,8 @@ def test_a_request_starts_from_the_engine_s_acceptance(engine, prompt, reference
         for _ in range(3):
             drafter = ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=2)
             engine.generate(prompt, max_tokens=60, drafter=drafter)
-        lengths = []
-        observe_row = DraftLength.observe
-        monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None, pooled=True: (
-            lengths.append(g), observe_row(self, g, kept, asked, pooled)))
-        result = engine.generate(prompt, max_tokens=60, drafter=ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=3))
-        monkeypatch.setattr(DraftLength, "observe", observe_row)
+        with recorded_lengths(monkeypatch) as lengths:
+            result = engine.generate(prompt, max_tokens=60, drafter=ScriptedDrafter(reference, tiny.VOCAB, break_probability=p, seed=3))
         assert result.tokens == reference[len(prompt) : len(prompt) + 60]
         if p == 0.0:
             assert lengths[0] >= 6, lengths
@@ -691,13 +700,8 @@ def test_guesses_copied_from_a_request_s_text_are_not_where_the_next_request_sta
                                     drafter=ScriptedDrafter(reference, tiny.VOCAB, copied=True, strict=False))
     assert all(r.tokens == reference[len(prompt) : len(prompt) + 60] and r.stats.kept > 40 for r in together)
     copied_judged = engine.draft_lengths.acceptance.judged_any
-    lengths = []
-    observe_row = DraftLength.observe
-    monkeypatch.setattr(DraftLength, "observe", lambda self, g, kept, asked=None, pooled=True: (
-        lengths.append(g), observe_row(self, g, kept, asked, pooled)))
-    never = ScriptedDrafter(reference, tiny.VOCAB, break_probability=1.0)
-    result = engine.generate(prompt, max_tokens=60, drafter=never)
-    monkeypatch.setattr(DraftLength, "observe", observe_row)
+    with recorded_lengths(monkeypatch) as lengths:
+        result = engine.generate(prompt, max_tokens=60, drafter=ScriptedDrafter(reference, tiny.VOCAB, break_probability=1.0))
     assert result.tokens == reference[len(prompt) : len(prompt) + 60]
     assert max(lengths) <= 3 and sum(lengths) <= 9, lengths
     assert not copied_judged and engine.draft_lengths.acceptance.judged[0] > 0  # its own guesses are pooled
