@@ -28,7 +28,9 @@ class GenerationResult:
     text: str  # the answer: no thought, no tool-call markup, no stop token or string
     steps: List[TokenReport]
     stats: Stats
-    finish_reason: str  # "tool_calls", "stop" (a stop token or string) or "length" (max_tokens)
+    # "tool_calls", "stop" (a stop token or string), "length" (max_tokens, or the context's end) or
+    # "cancelled" (the caller ended it first: a stream left early, a chat's should_stop)
+    finish_reason: str
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments"}]
     thinking: str = ""  # the thought, when thinking was on and the model thought
 
@@ -122,7 +124,7 @@ class Generation:
             stream.close()  # now, not when collected: the caches hold exactly what was handed over
             source.close()
             self.close()
-            self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit)
+            self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit, self.limit)
 
     def _until_stopped(self, source: Iterator[TokenReport]) -> Iterator[TokenReport]:
         for report in source:
@@ -145,11 +147,18 @@ class Generation:
             self.cache = None  # once
 
 
-def build_result(engine, steps: List[TokenReport], stats: Stats, stopped_by_string: bool = False) -> GenerationResult:
-    """The result of a finished generation from the reports handed out."""
+def build_result(engine, steps: List[TokenReport], stats: Stats, stopped_by_string: bool = False,
+                 limit: Optional[int] = None) -> GenerationResult:
+    """The result of a finished generation from the reports handed out. `limit`: the tokens it
+    could have made; an answer short of it that no stop ended was cancelled (None: not known)."""
     tokens = [s.token for s in steps]
     calls = engine.text.format.parse_tool_calls(engine.text.text_of(tokens))
-    finish = "tool_calls" if calls else "stop" if stopped_by_string or (tokens and tokens[-1] in engine.stop_tokens) else "length"
+    if calls:
+        finish = "tool_calls"
+    elif stopped_by_string or (tokens and tokens[-1] in engine.stop_tokens):
+        finish = "stop"
+    else:
+        finish = "length" if limit is None or len(tokens) >= limit else "cancelled"
     text = "".join(s.text or "" for s in steps if s.channel == ANSWER)
     thinking = "".join(s.text or "" for s in steps if s.channel == THOUGHT)
     return GenerationResult(tokens, text, steps, stats, finish, calls, thinking)

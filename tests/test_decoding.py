@@ -310,6 +310,23 @@ def test_leaving_early_takes_back_what_was_not_handed_over(engine, prompt, refer
     assert got + more == reference[len(prompt) : len(prompt) + taken + 40]
 
 
+def test_an_answer_its_caller_left_early_says_cancelled_not_length(engine, prompt):
+    """Found by a review: a stream broken off after 7 of 40 tokens reported "length", as if
+    max_tokens had been reached. Alone, together, and with the budget really spent."""
+    stream = engine.stream(prompt, max_tokens=40)
+    reading = iter(stream)
+    taken = [next(reading) for _ in range(7)]
+    reading.close()
+    assert len(stream.result.tokens) == len(taken) == 7 and stream.result.finish_reason == "cancelled"
+    many = engine.stream_many([prompt, prompt[:30]], max_tokens=40)
+    reading = iter(many)
+    taken = [next(reading) for _ in range(9)]
+    reading.close()
+    assert [r.finish_reason for r in many.results] == ["cancelled", "cancelled"]
+    assert engine.generate(prompt, max_tokens=40).finish_reason == "length"
+    assert [r.finish_reason for r in engine.generate_many([prompt, prompt[:30]], max_tokens=12)] == ["length"] * 2
+
+
 def test_a_failing_drafter_leaves_the_state_usable(engine, prompt, reference):
     class BadQ:
         def draft(self, context, g):
