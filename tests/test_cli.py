@@ -17,7 +17,7 @@ import tiny
 from mlx_spec import load
 
 STATS = re.compile(
-    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens at [\d.]+ tok/s \((\d+) reused\), (.*), peak memory .*\]$", re.M
+    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens \((\d+) put through at [\d.]+ tok/s, (\d+) reused\), (.*), peak memory .*\]$", re.M
 )
 ENV = dict(serving.ENV)
 
@@ -47,10 +47,13 @@ def test_chat_session_through_stdin(checkpoints):
     turns = answers_and_stats(out.stdout)
     assert len(turns) == 3
     (first, s1), (second, s2), (third, s3) = turns
-    assert "guesses kept" in s1[3] and s3[3] == "no drafting"
+    assert "guesses kept" in s1[4] and s3[4] == "no drafting"
     # The second turn resumed the first: it reused the first prompt, all but its empty thought
     # channel (left out when the history is rendered).
-    assert int(s1[2]) == 0 and int(s1[1]) - 12 < int(s2[2]) < int(s1[1])
+    assert int(s1[3]) == 0 and int(s1[1]) - 12 < int(s2[3]) < int(s1[1])
+    # The prompt's length, as a server's usage counts it: all but its last token went through
+    # the target or were reused (found by a review: the line said 26 where usage said 27).
+    assert all(int(s[1]) == int(s[2]) + int(s[3]) + 1 for s in (s1, s2, s3))
     # After /reset, the same question with MTP off gives the same greedy answer.
     assert third.startswith("[session: 2 turns") and third.endswith("[mtp off]\n" + first)
     assert len(first.strip()) > 0

@@ -323,7 +323,8 @@ def test_an_answer_its_caller_left_early_says_cancelled_not_length(engine, promp
     taken = [next(reading) for _ in range(9)]
     reading.close()
     assert [r.finish_reason for r in many.results] == ["cancelled", "cancelled"]
-    assert engine.generate(prompt, max_tokens=40).finish_reason == "length"
+    whole = engine.generate(prompt, max_tokens=40)
+    assert whole.finish_reason == "length" and whole.stats.prompt_length == len(prompt)
     assert [r.finish_reason for r in engine.generate_many([prompt, prompt[:30]], max_tokens=12)] == ["length"] * 2
 
 

@@ -13,7 +13,7 @@ from mlx_spec.decoding.reports import TokenReport
 from mlx_spec.generation import StopStrings, build_result
 from mlx_spec.server.generation import Done, Token
 from mlx_spec.server.chat_objects import chat_logprobs, ChatFormat
-from mlx_spec.server.schemas import ChatRequest
+from mlx_spec.server.schemas import ChatRequest, CompletionRequest
 
 CALL = '<|tool_call>call:get_time{city:<|"|>Taipei<|"|>}<tool_call|>'
 
@@ -169,14 +169,21 @@ def test_what_is_held_back_is_the_longest_end_a_stop_string_begins_with():
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "0.5"}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, None),
+    # found by a review: "false" turned usage on, and best_of 3 answered once without a word
+    ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": "false"}},
+     "stream_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream_options": "yes"}, "stream_options"),
+    ({"prompt": "x", "best_of": 3}, None),
+    ({"prompt": "x", "best_of": 0}, "best_of"),
 ])
 def test_requests_are_checked(body, param):
     from pydantic import ValidationError
 
     from mlx_spec.server.app import invalid
 
+    kind = CompletionRequest if "prompt" in body else ChatRequest
     with pytest.raises(ValidationError) as raised:
-        ChatRequest.model_validate(body)
+        kind.model_validate(body)
     error = invalid(raised.value.errors())
     assert error.status == 400 and error.param == param and error.message
 

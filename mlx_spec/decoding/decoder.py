@@ -105,6 +105,7 @@ class Decoder:
         self.stats.media_tokens += sum(s.item.tokens for s in state.spans if s.start >= reused)
         self.stats.prompt_reused += reused
         self.stats.prompt_tokens += processed
+        self.stats.prompt_length = len(state.tokens)
         self.stats.prompt_seconds += time.perf_counter() - start
 
     def generate(self, state: SequenceState, max_tokens: int) -> Iterator[TokenReport]:

@@ -7,7 +7,8 @@ from typing import Dict, List
 
 @dataclass
 class Stats:
-    prompt_tokens: int = 0  # prompt tokens that went through the target
+    prompt_length: int = 0  # the prompt's tokens: what the answer follows (a server's usage counts these)
+    prompt_tokens: int = 0  # prompt tokens that went through the target (not the last: the first cycle's input)
     prompt_reused: int = 0  # prompt tokens whose keys and values were already in the caches
     media_tokens: int = 0  # soft tokens of images and audio among prompt_tokens
     prompt_seconds: float = 0.0

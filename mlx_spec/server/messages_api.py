@@ -32,6 +32,7 @@ class MessagesRequest(Described, BaseModel):
     top_k: Optional[StrictInt] = Field(None, ge=0)
     top_p: Optional[StrictFloat] = Field(None, gt=0, le=1)
     metadata: Optional[Dict[str, Any]] = None
+    seed: Optional[StrictInt] = Field(None, ge=0, lt=2**64)  # extension, as on chat completions: a reproducible sample
     mtp: Optional[StrictBool] = None  # extension, as on chat completions
     x_report: StrictBool = False  # extension: per-token reports as `x_tokens`
 
@@ -59,7 +60,7 @@ class MessagesRequest(Described, BaseModel):
         tool_choice = (self.tool_choice or {}).get("type")
         body = {
             "model": self.model, "messages": messages_of(self.system, self.messages),
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "mtp": self.mtp,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp,
             "x_report": self.x_report, "stop": self.stop_sequences or None,
             # no `thinking`: the server's default (`serve --thinking`)
             "thinking": None if self.thinking is None else self.thinking.get("type") in ("enabled", "adaptive"),

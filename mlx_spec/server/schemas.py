@@ -77,6 +77,15 @@ class _Request(Described, BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
         return stops
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value):
+        # (a dict, not a model: a nested model would put a $ref in the API description)
+        usage = (value or {}).get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise ValueError("include_usage must be true or false")
+        return value
+
     @model_validator(mode="after")
     def _supported(self):
         if self.n not in (None, 1):
@@ -172,6 +181,7 @@ class CompletionRequest(_Request):
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: StrictBool = False
     suffix: Optional[str] = None
+    best_of: Optional[StrictInt] = Field(None, ge=1)
 
     @field_validator("prompt")
     @classmethod
@@ -188,6 +198,8 @@ class CompletionRequest(_Request):
     def _completion_supported(self):
         if self.echo or self.suffix:
             raise ValueError("echo and suffix are not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of must be 1: one answer per request, generated and returned")
         return self
 
     @property
