@@ -17,7 +17,7 @@ import tiny
 from mlx_spec import load
 
 STATS = re.compile(
-    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens \((\d+) put through at [\d.]+ tok/s, (\d+) reused\), (.*), peak memory .*\]$", re.M
+    r"^\[(\d+) tokens, [\d.]+ tok/s, prompt (\d+) tokens \((\d+) processed at [\d.]+ tok/s, (\d+) reused\), (.*), peak memory .*\]$", re.M
 )
 ENV = dict(serving.ENV)
 

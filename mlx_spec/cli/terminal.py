@@ -17,7 +17,7 @@ def stats_line(stats) -> str:
     memory = f"{gb:.2f} GB" if gb >= 1 else f"{gb * 1000:.0f} MB"
     return (
         f"[{stats.generated_tokens} tokens, {stats.generation_tps:.1f} tok/s, "
-        f"prompt {stats.prompt_length} tokens ({stats.prompt_tokens} put through at {stats.prompt_tps:.1f} tok/s, "
+        f"prompt {stats.prompt_length} tokens ({stats.prompt_tokens} processed at {stats.prompt_tps:.1f} tok/s, "
         f"{stats.prompt_reused} reused" + (f", {stats.media_tokens} of images and audio" if stats.media_tokens else "")
         + f"), {kept}, "
         f"peak memory {memory}]"
