@@ -156,6 +156,57 @@ def test_acceptance_beside_mlx_vlm(tmp_path):
         "mlx-vlm = off": lambda r: r["mlx_vlm"]["same_tokens"]})
 
 
+@pytest.mark.parametrize("table, argv, flag", [
+    ("controlled", ["--acceptance", "1.5"], "--acceptance"),
+    ("controlled", ["--acceptance", "abc"], "--acceptance"),
+    ("controlled", ["--max-tokens", "0"], "--max-tokens"),
+    ("controlled", ["--fixed-lengths", "0,17"], "--fixed-lengths"),
+    ("positions", ["--repeats", "0"], "--repeats"),
+    ("positions", ["--contexts", "abc"], "--contexts"),
+    ("positions", ["--contexts", "0"], "--contexts"),
+    ("acceptance", ["--sampling", "bogus"], "--sampling"),
+    ("acceptance", ["--workloads", "bogus"], "--workloads"),
+    ("draft-length", ["--lengths", "1,99"], "--lengths"),
+    ("batch", ["--concurrency", "0"], "--concurrency"),
+    ("batch", ["--rounds", "0"], "--rounds"),
+    ("batch", ["--answer-tokens", "48,16"], "--answer-tokens"),
+    ("overhead", ["--positions", "/no/such/positions.json"], "--positions"),
+    ("group", ["--ranks", "1"], "--ranks"),
+    ("media", ["--image-tokens", "100"], "--image-tokens"),
+])
+def test_a_bad_flag_is_one_line_naming_it_before_anything_runs(table, argv, flag, capsys):
+    """Found by a review: these were tracebacks (ZeroDivisionError, KeyError, numpy's low >=
+    high) after minutes of runs, or ran on nonsense (an acceptance of 1.5, an unknown workload,
+    a missing positions file) and exited 0."""
+    from mlx_spec.bench import run
+
+    with pytest.raises(SystemExit) as ended:
+        run(table, argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and f"argument {flag}: " in error and "Traceback" not in error, error
+
+
+def test_an_out_that_names_a_file_is_refused_before_the_table_runs(tmp_path, capsys):
+    from mlx_spec.bench import run
+
+    taken = tmp_path / "afile"
+    taken.write_text("")
+    with pytest.raises(SystemExit) as ended:
+        run("positions", ["--out", str(taken)])
+    assert ended.value.code == 2 and f"argument --out: {taken} is a file" in capsys.readouterr().err
+
+
+def test_a_peer_that_fails_mid_table_leaves_its_columns_empty_not_the_table_unwritten():
+    from mlx_spec.bench.acceptance import peer_run
+
+    class Broken:
+        def run(self, prompt, settings, max_tokens):
+            raise TypeError("hidden_states is None")
+
+    assert peer_run(Broken(), [1, 2], None, 4) == (None, "TypeError: hidden_states is None")
+    assert peer_run(None, [1, 2], None, 4) == (None, None)
+
+
 def test_without_mlx_vlm_the_table_says_how_to_add_it(monkeypatch):
     from mlx_spec.bench import peers
 
@@ -621,6 +672,9 @@ def test_all_takes_the_shared_options_only(tmp_path):
         ["--quick", "--out", "x"], {"group", "batch", "media"})
     with pytest.raises(SystemExit, match=r"unknown table 'speed'"):
         __import__("mlx_spec.bench", fromlist=["run"]).run("speed", [])
+    with pytest.raises(SystemExit) as helped:  # (found by a review: it said "give --help to one table" and exited 1)
+        run_all(["--help"])
+    assert helped.value.code == 0
 
 
 def test_without_matplotlib_the_report_has_the_tables_and_says_how_to_get_plots(tiny_models, tmp_path, monkeypatch):

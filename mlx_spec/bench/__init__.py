@@ -84,6 +84,12 @@ def _draw(folder: Path) -> None:
 def run_all(argv: Sequence[str]) -> Path:
     """Every table (but those `--skip TABLE,...` names), one after the other, into one folder;
     then the block to paste."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"usage: mlx-spec bench all [--skip TABLE,...] [{' | '.join(SHARED)}] [--workloads NAME,...]\n\n"
+              "Every table, one after the other, into one folder (--out, else a dated one here), then a block to "
+              f"paste into an issue. The tables: {', '.join(TABLES)}. The options go to every table (--workloads to "
+              "acceptance and draft-length); a table's own: mlx-spec bench TABLE --help.")
+        raise SystemExit(0)
     argv, skipped = without_skip(with_folder(argv))
     unknown = [a for a in argv if a.startswith("--") and a.split("=")[0] not in {**SHARED, **ROUTED}]
     if unknown:

@@ -13,6 +13,7 @@ wall time (1.0: the device never waited for the host).
 """
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .checks import at_least, known_names
 from .models import build_engine, describe_models
 from .peers import open_peer
 from .prefills import Prefills
@@ -25,6 +26,7 @@ from .runs import (
     loop_efficiency,
     run_mlx_lm,
     run_ours,
+    workload_names,
     warm_up,
     workloads,
 )
@@ -40,9 +42,9 @@ SEED = {
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench acceptance")
-    parser.add_argument("--sampling", default="gemma,greedy", help="comma separated: gemma, greedy")
-    parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
-    parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
+    parser.add_argument("--sampling", type=known_names(SAMPLING), default="gemma,greedy", help="comma separated: gemma, greedy")
+    parser.add_argument("--max-tokens", type=at_least(1), default=None, help="cap every workload's length")
+    parser.add_argument("--workloads", type=known_names(workload_names()), default=None, help="comma separated names (default: all)")
     # Quick: short runs of three workloads with short prompts (each prompt's prefill, ours and
     # mlx-lm's, is most of a workload's time on a slow device).
     args = parse(parser, argv, quick=dict(max_tokens=12, workloads=QUICK_WORKLOADS))
@@ -66,6 +68,9 @@ def main(argv=None):
                                  prefills, peer)
             rows.append(row)
             results["runs"].append(entry)
+            if "mlx_vlm_failed" in entry:  # once is enough: the rest of the table goes on without it
+                print(entry["mlx_vlm_failed"] + "\n")
+                results["mlx_vlm"], peer = entry["mlx_vlm_failed"], None
             progress.step(f"{name}, {sampling}")
         print(f"### Sampling: {sampling} ({settings.temperature} / {settings.top_k} / {settings.top_p})\n")
         print(markdown(["workload", "prompt", "tokens", "mlx-lm tok/s", "MTP off tok/s", "MTP (g=6) tok/s",
@@ -81,14 +86,12 @@ def measure(engine, name, prompt, max_tokens, sampling, prefills, peer):
     with the checks on their tokens; its table row and JSON entry."""
     settings = SAMPLING[sampling]
     warm_up(engine, prompt, settings, prefills=prefills)
-    if peer:  # its first call's costs (its drafter's graphs, its samplers) out of the figures too
-        peer.run(prompt, settings, 8)
     off = run_ours(engine, prompt, settings, max_tokens, mtp=False, prefills=prefills)
     on = run_ours(engine, prompt, settings, max_tokens, draft_tokens=6, lookup=False,  # the seed's setup
                   prefills=prefills)
     default = run_ours(engine, prompt, settings, max_tokens, prefills=prefills)  # adaptive g, lookup + MTP
     anchor = run_mlx_lm(engine, prompt, settings, max_tokens)
-    vlm = peer.run(prompt, settings, max_tokens) if peer else None
+    vlm, peer_failed = peer_run(peer, prompt, settings, max_tokens)
     vlm_same = _changed(engine, prompt, off["tokens"], [vlm["tokens"]], sampling, peer=True) if vlm else None
     kept = f"{on['kept']}/{on['drafted']} ({100 * on['kept'] / max(on['drafted'], 1):.0f}%)"
     # Exactness: with the same seed, drafting must not change a single token (greedy or
@@ -110,8 +113,21 @@ def measure(engine, name, prompt, max_tokens, sampling, prefills, peer):
              "generated": len(on["tokens"]), "mlx_lm": strip(anchor), "mtp_off": strip(off),
              "mtp_on": strip(on), "default": strip(default), "speedup": speedup,
              "loop_efficiency": efficiency, "same_tokens": same, "same_as_mlx_lm": like_mlx_lm,
-             **({"mlx_vlm": {**strip(vlm), "same_tokens": vlm_same}} if vlm else {})}
+             **({"mlx_vlm": {**strip(vlm), "same_tokens": vlm_same}} if vlm else {}),
+             **({"mlx_vlm_failed": f"mlx-vlm failed on {name}: {peer_failed}"} if peer_failed else {})}
     return row, entry
+
+
+def peer_run(peer, prompt, settings, max_tokens):
+    """(mlx-vlm's run, None), or (None, why it failed): a peer that fails on this pair leaves its
+    columns empty, not the table unwritten."""
+    if peer is None:
+        return None, None
+    try:
+        peer.run(prompt, settings, 8)  # its first call's costs (its drafter's graphs, its samplers) out of the figures
+        return peer.run(prompt, settings, max_tokens), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _changed(engine, prompt, off, others, sampling, peer=False) -> str:

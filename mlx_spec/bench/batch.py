@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ..options import Options
+from .checks import at_least, length_range, whole_numbers
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
 from .runs import first_difference
@@ -105,14 +106,12 @@ RATIOS = {"default / off": "mtp_off", "default / mlx-lm": "mlx_lm", "default / o
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench batch")
-    parser.add_argument("--concurrency", default=CONCURRENCY, help=f"requests at once, comma separated [{CONCURRENCY}]")
-    parser.add_argument("--prompt-tokens", default="32,384", help="prompt lengths drawn from this range [32,384]")
-    parser.add_argument("--answer-tokens", default="48,160", help="answer lengths drawn from this range [48,160]")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration [3]")
+    parser.add_argument("--concurrency", type=whole_numbers(1), default=CONCURRENCY, help=f"requests at once, comma separated [{CONCURRENCY}]")
+    parser.add_argument("--prompt-tokens", type=length_range, default="32,384", help="prompt lengths drawn from this range [32,384]")
+    parser.add_argument("--answer-tokens", type=length_range, default="48,160", help="answer lengths drawn from this range [48,160]")
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds of every configuration [3]")
     args = parse(parser, argv, quick=dict(concurrency="1,2,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
-    levels = [int(c) for c in args.concurrency.split(",")]
-    prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
-    answer_range = tuple(int(x) for x in args.answer_tokens.split(","))
+    levels, prompt_range, answer_range = args.concurrency, args.prompt_tokens, args.answer_tokens
     engine = build_engine(args).with_stop_tokens([])  # every answer runs its whole budget
     info = machine()
     pool = requests(engine, max(levels), prompt_range, answer_range)

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from ..loading import AUTO
 from .blas import blas_library, matmul_gflops
+from .checks import at_least, results_folder_free
 
 SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
 # Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
@@ -29,7 +30,7 @@ def arguments(description: str, prog: Optional[str] = None) -> argparse.Argument
     parser.add_argument("--drafter", default=AUTO, help="drafter: auto (the target's assistant), size name, hub id or folder")
     parser.add_argument("--random-weights", action="store_true", help="a real shape, random weights, 4-bit")
     parser.add_argument("--shape", choices=SHAPES, default="e2b", help="shape for --random-weights")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="timed repeats (the median is reported)")
     parser.add_argument("--quick", action="store_true",
                         help="a run of a few minutes with the shape of every table (fewer contexts, tokens, repeats)")
     parser.add_argument("--out", default=None,
@@ -43,6 +44,9 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], quick:
     if "--quick" in argv:
         parser.set_defaults(repeats=2, **quick)
     args = parser.parse_args(argv)
+    taken = results_folder_free(args.out)
+    if taken:
+        parser.error(taken)
     args.out = str(results_folder(args.out))
     return args
 

@@ -16,6 +16,8 @@ them the adaptive length against the best of MTP off and every fixed g at each a
 from dataclasses import dataclass
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from ..decoding.limits import MAX_DRAFT_TOKENS
+from .checks import acceptances, at_least, whole_numbers
 from .models import build_engine, describe_models
 from .prefills import Prefills
 from .controlled_bars import bars
@@ -59,23 +61,24 @@ class Setup:
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench controlled")
-    parser.add_argument("--draft-tokens", type=int, default=6)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--trials", type=int, default=7, help="interleaved rounds for the bars")
-    parser.add_argument("--best-of", type=int, default=1,
+    parser.add_argument("--draft-tokens", type=at_least(1, MAX_DRAFT_TOKENS), default=6, help="g of the sweep [6]")
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=256, help="the prompt's length [256]")
+    parser.add_argument("--max-tokens", type=at_least(1), default=200, help="tokens per run [200]")
+    parser.add_argument("--trials", type=at_least(1), default=7, help="interleaved rounds for the bars")
+    parser.add_argument("--best-of", type=at_least(1), default=1,
                         help="runs of each configuration in a round, of which the round takes the fastest [1]")
-    parser.add_argument("--acceptance", default=ACCEPTANCE, help=f"the sweep's acceptances, comma separated [{ACCEPTANCE}]")
-    parser.add_argument("--fixed-lengths", default=FIXED_LENGTHS,
+    parser.add_argument("--acceptance", type=acceptances, default=ACCEPTANCE, help=f"the sweep's acceptances, comma separated [{ACCEPTANCE}]")
+    parser.add_argument("--fixed-lengths", type=whole_numbers(1, MAX_DRAFT_TOKENS), default=FIXED_LENGTHS,
                         help=f"fixed g timed at each acceptance for the bars, comma separated [{FIXED_LENGTHS}]")
     # Quick: one round, shorter runs, three acceptances and every other fixed length (a few
     # minutes on MLX's CPU backend, where a cycle of the small shape takes a quarter second).
     args = parse(parser, argv, quick=dict(prompt_tokens=64, max_tokens=24, trials=1, acceptance="0,0.5,1",
                                           fixed_lengths="2,4,6,8"))
-    args.acceptance = [float(a) for a in args.acceptance.split(",")]
-    args.fixed_lengths = sorted({int(n) for n in args.fixed_lengths.split(",")})
-    if args.trials < 1 or args.best_of < 1:
-        raise SystemExit("--trials and --best-of must be at least 1")
+    args.fixed_lengths = sorted(set(args.fixed_lengths))
+    cycle = max(*args.fixed_lengths, args.draft_tokens) + 1  # the most tokens a cycle settles
+    if args.max_tokens <= cycle:  # a run's rate leaves out its first cycle (runs.rate)
+        parser.error(f"argument --max-tokens: must be more than a cycle of the longest draft ({cycle - 1} guesses "
+                     f"and the target's token), at least {cycle + 1}; got {args.max_tokens}")
     # The reference continuation runs the full length: stop tokens would end it (and every
     # controlled run with it) wherever the model writes one.
     engine = build_engine(args).with_stop_tokens([])

@@ -8,6 +8,8 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the
 """
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from ..decoding.limits import MAX_DRAFT_TOKENS
+from .checks import at_least, known_names, whole_numbers
 from .models import build_engine, describe_models
 from .prefills import Prefills
 from .runs import (
@@ -18,6 +20,7 @@ from .runs import (
     loop_efficiency,
     run_ours,
     warm_up,
+    workload_names,
     workloads,
 )
 
@@ -25,16 +28,16 @@ from .runs import (
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench draft-length")
     parser.add_argument("--sampling", default="greedy", choices=sorted(SAMPLING))
-    parser.add_argument("--max-g", type=int, default=8)
-    parser.add_argument("--lengths", default=None, help="the g measured, comma separated [0 to --max-g]")
-    parser.add_argument("--max-tokens", type=int, default=None, help="cap every workload's length")
-    parser.add_argument("--workloads", default=None, help="comma separated names (default: all)")
+    parser.add_argument("--max-g", type=at_least(0, MAX_DRAFT_TOKENS), default=8, help="measure g = 0 to this [8]")
+    parser.add_argument("--lengths", type=whole_numbers(0, MAX_DRAFT_TOKENS), default=None, help="the g measured, comma separated [0 to --max-g]")
+    parser.add_argument("--max-tokens", type=at_least(1), default=None, help="cap every workload's length")
+    parser.add_argument("--workloads", type=known_names(workload_names()), default=None, help="comma separated names (default: all)")
     args = parse(parser, argv, quick=dict(max_tokens=12, workloads=QUICK_WORKLOADS, lengths="0,1,2,4,6,8"))
     engine = build_engine(args)
     info = machine()
     settings = SAMPLING[args.sampling]
     # g = 0 always: the measured speed-ups are over it, as the predicted ones are
-    lengths = sorted({0} | {int(g) for g in args.lengths.split(",")}) if args.lengths else list(range(args.max_g + 1))
+    lengths = sorted({0} | set(args.lengths)) if args.lengths else list(range(args.max_g + 1))
     results = {"machine": info, "models": describe_models(args), "sampling": args.sampling, **TEMPLATE, "workloads": []}
     print(header("Draft length", info, {"sampling": args.sampling, **results["models"], **TEMPLATE}))
     names = args.workloads.split(",") if args.workloads else None

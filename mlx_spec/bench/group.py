@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .checks import at_least
 from .group_cost import LINK_GBPS, table
 from .models import describe_models
 
@@ -30,15 +31,13 @@ THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench group")
-    parser.add_argument("--ranks", type=int, default=2, help="processes the target is split over [2]")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (alone, split) [3]")
-    parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--ranks", type=at_least(2), default=2, help="processes the target is split over [2]")
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds (alone, split) [3]")
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=128, help="the prompt's length [128]")
+    parser.add_argument("--max-tokens", type=at_least(1), default=64, help="tokens per run [64]")
     args = parse(parser, argv, quick=dict(rounds=1, prompt_tokens=32, max_tokens=24))
     if shutil.which("mlx.launch") is None:
         raise SystemExit("mlx.launch (installed with mlx) is not on the PATH")
-    if args.ranks < 2 or args.rounds < 1:
-        raise SystemExit("--ranks must be at least 2 and --rounds at least 1")
     settings = {"random_weights": args.random_weights, "shape": args.shape, "model": args.model,
                 "drafter": args.drafter, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                 "runs": RUNS}

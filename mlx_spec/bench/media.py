@@ -12,6 +12,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import SettingsError
+from ..media.images import SOFT_TOKEN_BUDGETS
+from .checks import at_least
 from .common import arguments, header, machine, markdown, median_ms, parse, write_json
 from .models import build_engine, describe_models
 from .prefills import Prefills
@@ -41,8 +43,8 @@ def chart(width: int = 640, height: int = 400) -> np.ndarray:
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench media")
-    parser.add_argument("--image-tokens", type=int, default=280, help="soft tokens for the image (70 ... 1120)")
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per answer")
+    parser.add_argument("--image-tokens", type=int, choices=SOFT_TOKEN_BUDGETS, default=280, help="soft tokens for the image [280]")
+    parser.add_argument("--max-tokens", type=at_least(1), default=128, help="tokens per answer")
     args = parse(parser, argv, quick=dict(max_tokens=24, image_tokens=70))
     engine = build_engine(args)
     info = machine()

@@ -36,6 +36,7 @@ from ..sampling.acceptance import accept_by_match
 from ..sampling.distribution import distribution
 from ..sampling.settings import SamplingSettings
 from .one_row import as_row, one_row
+from .checks import at_least, existing_file
 from .common import arguments, header, machine, markdown, parse, write_json
 from .models import E2B, E2B_ASSISTANT
 
@@ -171,8 +172,8 @@ def queued_share(ops: int = 3000) -> float:
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench overhead")
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--positions", default=None, help="positions.py's JSON from a Mac, for predicted tok/s")
+    parser.add_argument("--context", type=at_least(1), default=256, help="positions in the caches [256]")
+    parser.add_argument("--positions", type=existing_file, default=None, help="positions.py's JSON from a Mac, for predicted tok/s")
     args = parse(parser, argv, quick=dict())
     info = machine()
     # Evaluated weights: a compiled function treats them as constants (lazy ones it would recompute).

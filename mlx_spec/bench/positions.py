@@ -11,6 +11,7 @@ position, at several context lengths; and what g drafter steps cost (C_g).
 import mlx.core as mx
 
 from ..decoding.sequence import SequenceState
+from .checks import whole_numbers
 from .common import (
     Progress,
     arguments,
@@ -56,13 +57,13 @@ def time_drafter(engine, row, g: int, repeats: int) -> float:
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench positions")
-    parser.add_argument("--contexts", default="128,1024,4096", help="context lengths, comma separated")
+    parser.add_argument("--contexts", type=whole_numbers(1), default="128,1024,4096", help="context lengths, comma separated")
     args = parse(parser, argv, quick=dict(contexts="128,512"))
     engine = build_engine(args)
     info = machine()
     weight_bytes = weight_bytes_per_pass(engine.target)
     bandwidth = chip_bandwidth(info["chip"]) if info["metal"] else None
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = args.contexts
     results = {"machine": info, "models": describe_models(args), "repeats": args.repeats,
                "weight_bytes_per_pass": weight_bytes, "target": [], "drafter": []}
     print(header("Target pass over N new positions", info, {"repeats": args.repeats, **results["models"]}))

@@ -31,6 +31,10 @@ QUICK_WORKLOADS = "tool call,English code,long Chinese text"
 TEMPLATE = {"chat template": "thinking off, as the seed measured"}
 
 
+def workload_names() -> list:
+    return [w["name"] for w in json.loads(WORKLOADS.read_text())["workloads"]]
+
+
 def workloads(engine, names=None):
     """(name, prompt token ids, max_tokens) for each workload in workloads.json. Without a
     tokenizer (random weights) the prompt is random tokens of a similar length."""
