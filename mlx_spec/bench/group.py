@@ -66,7 +66,7 @@ def main(argv=None):
           f"2 (N - 1) / N of each all-reduce's payload.\n")
     headers, cost_rows, cost_records = table()
     print(f"Predicted: Gemma 4 31B in bf16 on Macs linked by Thunderbolt 5 ({LINK_GBPS} Gb/s) with JACCL "
-          "(bench/group_cost.py: its model, assumptions and sources)\n")
+          "(mlx_spec/bench/group_cost.py: its model, assumptions and sources)\n")
     print(markdown(headers, cost_rows))
     print(f"\nJSON: {write_json('group', args, {'machine': info, 'models': models, 'ranks': args.ranks, 'runs': records, 'logits': moved, 'rounds': rounds, 'predicted_31b': cost_records})}")
 
