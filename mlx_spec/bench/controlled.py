@@ -99,7 +99,9 @@ def main(argv=None):
     results = {"machine": info, "models": describe_models(args), "g": g, "prompt_tokens": len(prompt),
                "max_tokens": args.max_tokens, "one_position_ms": one_ms, "R": r, "C": c,
                "mlx_lm_tps": anchor["tps"], "mtp_off_tps": off["tps"], "sweep": []}
-    print(header("Controlled acceptance", info, {"g": g, "prompt": len(prompt), "tokens": args.max_tokens, **results["models"]}))
+    shown = {"g": g, "prompt": len(prompt), "tokens": args.max_tokens, "acceptances": "/".join(f"{a:g}" for a in args.acceptance),
+             "fixed lengths": "/".join(map(str, args.fixed_lengths)), "trials": args.trials, "best of": args.best_of}
+    print(header("Controlled acceptance", info, {**shown, **results["models"]}))
     print(f"One target position: {one_ms:.2f} ms; R_{g} = {r:.2f}; C_{g} = {c:.2f}\n")
     print(markdown(["", "tok/s", "ratio"], [["mlx-lm " + anchor["how"], f"{anchor['tps']:.1f}", "1.00"],
                                              ["ours, MTP off", f"{off['tps']:.1f}", f"{off['tps'] / anchor['tps']:.2f}"]]))
