@@ -418,6 +418,12 @@ def test_the_machine_s_noise_is_one_configuration_against_itself():
     assert verdict({"met": True}) == "yes"
     assert verdict({"met": False, "inside_noise": True}) == "NO, inside the noise"
     assert verdict({"met": False, "inside_noise": False}) == "NO"
+    # Found by a review: one round's "low median" is that round's own ratio over itself, 1.00,
+    # whatever the machine did (a quick run read MTP off at 0.44 of itself).
+    once = noise({"MTP off": [160.5], AGAIN: [365.9]})
+    assert once["low_median"] is None and once["median"] == pytest.approx(160.5 / 365.9)
+    assert verdict({"met": False, "inside_noise": None}) == "NO, noise not measured"
+    assert verdict({"met": False, "ratio": 0.9, "middle_half": (0.9, 0.9)}) == "NO"  # a counted bar: no noise in it
 
 
 def test_interleaved_rounds_turn_the_order_every_pass_and_keep_each_pass():

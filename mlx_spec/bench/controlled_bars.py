@@ -32,6 +32,9 @@ from .prefills import prompt_sequence
 from .runs import ControlledDrafter, cost_ratios, device_ms, expected_tokens
 
 AGAIN = "MTP off, again"
+# Fewer rounds than this say nothing of how far the noise reaches: the bootstrap of one ratio is
+# that ratio (a quick run's MTP off read 0.44 of itself, and its "low median" read 1.00).
+NOISE_ROUNDS = 3
 
 
 def bars(setup, sweep_entries: list, progress) -> dict:
@@ -74,9 +77,11 @@ def bars(setup, sweep_entries: list, progress) -> dict:
              verdict(bar)] for bar in measured]
     print("\n" + markdown(["bar", "figure", f"middle half of the {args.trials} rounds", "met"], rows))
     print(f"\nThis machine's noise: MTP off over a second MTP off run in the same round reads {reach['median']:.2f} "
-          "(middle half {:.2f}-{:.2f}); a median of {} such rounds falls to {:.2f} of its own figure one time in 20. "
-          "A bar missed by less than that is inside the noise: not decided by this run.".format(
-              *reach["middle_half"], args.trials, reach["low_median"]))
+          + ("(middle half {:.2f}-{:.2f}); a median of {} such rounds falls to {:.2f} of its own figure one time in 20. "
+             "A bar missed by less than that is inside the noise: not decided by this run.".format(
+                 *reach["middle_half"], args.trials, reach["low_median"]) if reach["low_median"] is not None else
+             f"in {args.trials} round(s), too few to say how far it reaches ({NOISE_ROUNDS} or more do): "
+             "a bar this run misses is not decided by it."))
     print("\nThe adaptive length against the best over all the rounds (the reference those rounds chose, biased "
           "upward), by acceptance: " + ", ".join(f"a = {a:g} {bar['in_sample_ratio']:.2f}" for a, bar in
                                                   zip(args.acceptance, [b for b in measured if "in_sample_ratio" in b])))
@@ -112,6 +117,8 @@ def noise(trials: dict, draws: int = 2000) -> dict:
     decided by the run."""
     ratios = [a / b for a, b in zip(trials["MTP off"], trials[AGAIN])]
     centre = statistics.median(ratios)
+    if len(ratios) < NOISE_ROUNDS:
+        return {"ratios": ratios, "median": centre, "middle_half": middle_half(ratios), "low_median": None}
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
     return {"ratios": ratios, "median": centre, "middle_half": middle_half(ratios), "low_median": medians[draws // 20] / centre}
@@ -120,6 +127,8 @@ def noise(trials: dict, draws: int = 2000) -> dict:
 def verdict(bar: dict) -> str:
     if bar["met"]:
         return "yes"
+    if "inside_noise" in bar and bar["inside_noise"] is None:  # a bar of rounds, too few to measure the noise
+        return "NO, noise not measured"
     return "NO, inside the noise" if bar.get("inside_noise") else "NO"
 
 
@@ -202,7 +211,7 @@ def judged_floor(bar: str, rounds: list, needed: float, low_median: float) -> di
     and whether a miss lies inside the machine's noise (`noise`'s `low_median`)."""
     figure = statistics.median(rounds)
     return {"bar": bar, "ratio": figure, "middle_half": middle_half(rounds), "needed": needed,
-            "met": figure >= needed, "inside_noise": needed * low_median <= figure < needed}
+            "met": figure >= needed, "inside_noise": None if low_median is None else needed * low_median <= figure < needed}
 
 
 def beside(a: float) -> str:
