@@ -624,6 +624,9 @@ def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
         assert f"{table} [" in proc.stderr and "s left" in proc.stderr
     block = proc.stdout[proc.stdout.rindex("```\nmlx-spec bench"):]
     assert "machine: " in block and "7 positions / 1 at context 128" in block
+    # (found by a review: the block named neither mlx-spec's version nor why mlx-vlm's columns were empty)
+    why_not = json.loads((out / "acceptance.json").read_text()).get("mlx_vlm")
+    assert "mlx-spec 0." in block and (why_not is None or f"mlx-vlm: {why_not}" in block)
     assert "tool call (greedy): MTP g=6" in block and f"report: {out / 'report.html'}" in block
     assert {r["workload"] for r in json.loads((out / "acceptance.json").read_text())["runs"]} == {"tool call"}
     assert "takes no image" in (out / "media.md").read_text()  # random weights: no tokenizer, no towers

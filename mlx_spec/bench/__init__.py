@@ -156,8 +156,9 @@ def summary(folder: Path, ran: Sequence[str] = tuple(TABLES)) -> str:
         lines.append(f"(in the report from an earlier run, not this one: {', '.join(earlier)})")
     if first:
         m = first["machine"]
-        lines.append(f"machine: {m['chip']}, {m['memory_gb']} GB, {m['os']}, mlx {m['mlx']} ({m['device']}), "
-                     f"mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}")
+        lines.append(f"machine: {m['chip']}, {m['memory_gb']} GB, {m['os']}, "
+                     + (f"mlx-spec {m['mlx_spec']}, " if "mlx_spec" in m else "")
+                     + f"mlx {m['mlx']} ({m['device']}), mlx-lm {m['mlx_lm']}, mlx-vlm {m.get('mlx_vlm') or 'not installed'}")
         models = first.get("models") or {}
         if models:
             lines.append(f"models: {models.get('target')} + {models.get('drafter')}")
@@ -168,6 +169,8 @@ def summary(folder: Path, ran: Sequence[str] = tuple(TABLES)) -> str:
         if seven:
             lines.append(f"7 positions / 1 at context {context}: {seven:.2f} (seed, M5: 1.25)")
     if tables["acceptance"]:
+        if tables["acceptance"].get("mlx_vlm"):  # why mlx-vlm's columns are empty
+            lines.append(f"mlx-vlm: {tables['acceptance']['mlx_vlm']}")
         for r in tables["acceptance"]["runs"]:
             lines.append(f"{r['workload']} ({r['sampling']}): MTP g=6 {r['speedup']:.2f}x, default "
                          f"{r['default']['tps'] / r['mtp_off']['tps'] if r['mtp_off']['tps'] else 0:.2f}x over MTP off; "
