@@ -32,7 +32,7 @@ def whole_numbers(low: int, high: Optional[int] = None) -> Callable[[str], List[
     one = at_least(low, high)
 
     def check(text: str) -> List[int]:
-        return [one(part.strip()) for part in _parts(text)]
+        return [one(part) for part in _parts(text)]
 
     return check
 
@@ -81,11 +81,11 @@ def existing_file(text: str) -> str:
     return text
 
 
-def results_folder_free(out: Optional[str]) -> Optional[str]:
-    """Why `--out` cannot be the results' folder (None: it can): it names a file."""
-    if out and Path(out).exists() and not Path(out).is_dir():
-        return f"argument --out: {out} is a file; give a folder for the results"
-    return None
+def not_a_file(text: str) -> str:
+    """A folder for the results: one that exists, or none yet; not a file."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder for the results")
+    return text
 
 
 def _parts(text: str) -> List[str]:

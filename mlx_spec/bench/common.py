@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from ..loading import AUTO
 from .blas import blas_library, matmul_gflops
-from .checks import at_least, results_folder_free
+from .checks import at_least, not_a_file
 
 SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
 # Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
@@ -33,7 +33,7 @@ def arguments(description: str, prog: Optional[str] = None) -> argparse.Argument
     parser.add_argument("--repeats", type=at_least(1), default=5, help="timed repeats (the median is reported)")
     parser.add_argument("--quick", action="store_true",
                         help="a run of a few minutes with the shape of every table (fewer contexts, tokens, repeats)")
-    parser.add_argument("--out", default=None,
+    parser.add_argument("--out", type=not_a_file, default=None,
                         help="folder for the results (JSON, markdown, report.html) [./mlx-spec-bench-<date and time>]")
     return parser
 
@@ -44,9 +44,6 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], quick:
     if "--quick" in argv:
         parser.set_defaults(repeats=2, **quick)
     args = parser.parse_args(argv)
-    taken = results_folder_free(args.out)
-    if taken:
-        parser.error(taken)
     args.out = str(results_folder(args.out))
     return args
 
