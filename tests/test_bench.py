@@ -74,6 +74,7 @@ def run_script(name, *args, tmp_path):
     else:
         proc = mlx_spec_bench(name.replace("_", "-"), *args, "--out", str(out), cwd=tmp_path)
         assert (out / f"{name}.md").read_text().startswith("## ")
+        assert f"Markdown: {out / f'{name}.md'}" in proc.stdout  # the files written are named
         assert "<img" in (out / "report.html").read_text()  # matplotlib is a test dependency
     assert "| " in proc.stdout and "Machine:" in proc.stdout and "BLAS: " in proc.stdout
     data = json.loads((out / f"{name}.json").read_text())
@@ -217,7 +218,8 @@ def test_without_mlx_vlm_the_table_says_how_to_add_it(monkeypatch):
 
 
 def test_draft_length(tiny_models, tmp_path):
-    _, data = run_script("draft_length", *tiny_models, "--max-g", "2", "--max-tokens", "6", "--workloads", "English code", "--repeats", "1", tmp_path=tmp_path)
+    # (--quick measures a few lengths up to 8, but a --max-g given wins)
+    _, data = run_script("draft_length", *tiny_models, "--quick", "--max-g", "2", "--max-tokens", "6", "--workloads", "English code", "--repeats", "1", tmp_path=tmp_path)
     (workload,) = data["workloads"]
     assert [e["g"] for e in workload["by_g"]] == [0, 1, 2]
     assert workload["best_g"] in (0, 1, 2)

@@ -70,7 +70,9 @@ def run(table: str, argv: Sequence[str], draw: bool = True) -> Path:
     with contextlib.redirect_stdout(tee):
         module.main(argv)
     folder = folder_of(argv)
-    (folder / f"{TABLES[table]}.md").write_text(tee.copy.getvalue())
+    table_file = folder / f"{TABLES[table]}.md"
+    table_file.write_text(tee.copy.getvalue())
+    print(f"Markdown: {table_file}")  # (after the copy: the file does not name itself)
     if draw:
         _draw(folder)
     return folder

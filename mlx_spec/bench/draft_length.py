@@ -7,6 +7,8 @@ the predicted speed-up E / (R_g + C_g) (E: tokens per cycle as measured) and the
     mlx-spec bench draft-length --random-weights --shape small
 """
 
+import sys
+
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from ..decoding.limits import MAX_DRAFT_TOKENS
 from .checks import at_least, known_names, whole_numbers
@@ -27,12 +29,17 @@ from .runs import (
 
 def main(argv=None):
     parser = arguments(__doc__.splitlines()[0], prog="mlx-spec bench draft-length")
-    parser.add_argument("--sampling", default="greedy", choices=sorted(SAMPLING))
+    parser.add_argument("--sampling", default="greedy", choices=sorted(SAMPLING),
+                        help="greedy, or Gemma's default sampling (gemma) [greedy]")
     parser.add_argument("--max-g", type=at_least(0, MAX_DRAFT_TOKENS), default=8, help="measure g = 0 to this [8]")
     parser.add_argument("--lengths", type=whole_numbers(0, MAX_DRAFT_TOKENS), default=None, help="the g measured, comma separated [0 to --max-g]")
     parser.add_argument("--max-tokens", type=at_least(1), default=None, help="cap every workload's length")
     parser.add_argument("--workloads", type=known_names(workload_names()), default=None, help="comma separated names (default: all)")
-    args = parse(parser, argv, quick=dict(max_tokens=12, workloads=QUICK_WORKLOADS, lengths="0,1,2,4,6,8"))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    quick = dict(max_tokens=12, workloads=QUICK_WORKLOADS)
+    if not any(a == "--max-g" or a.startswith("--max-g=") for a in argv):
+        quick["lengths"] = "0,1,2,4,6,8"  # (a --max-g given measures 0 to it, as without --quick)
+    args = parse(parser, argv, quick=quick)
     engine = build_engine(args)
     info = machine()
     settings = SAMPLING[args.sampling]
