@@ -58,6 +58,8 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt and tools stay)."""
+        self._end_turn(getattr(self, "_open_turn", None))  # (before the history it would add to goes)
+        self._open_turn: Optional[Iterator[TokenReport]] = None
         self.messages: List[Message] = []
         if self.system_prompt:
             self.messages.append({"role": "system", "content": self.system_prompt})
@@ -98,14 +100,28 @@ class ChatSession:
         `should_stop` is checked between the prompt's chunks and after every token; when it
         returns True the answer ends there and the session stays consistent for the next turn.
         Stopped before the answer began, the turn raises PromptStopped and is not kept, as a
-        turn that fails is not (the conversation is as it was before `send`).
+        turn that fails is not (the conversation is as it was before `send`). A turn whose
+        stream is still open when the next one starts ends there, as if it had been stopped.
         """
         if isinstance(message, str):
             message = {"role": "user", "content": message}
-        new = list(message) if isinstance(message, list) else [message]
+        new = list(message) if isinstance(message, (list, tuple)) else [message]
         if not new:
             raise SettingsError("send needs a message: an empty list adds nothing to answer")
+        for item in new:  # (a list of ints would otherwise read as a prompt of token ids)
+            if not isinstance(item, dict):
+                raise SettingsError(f"send takes a user message (a string) or message dicts, got {type(item).__name__}")
         options = self.options if max_tokens is None else self.options.but(max_tokens=max_tokens)
+        self._open_turn = self._answer(new, options, should_stop, self._open_turn)
+        return self._open_turn
+
+    def _answer(self, new: List[Message], options: Options, should_stop: Callable[[], bool],
+                previous: Optional[Iterator[TokenReport]]) -> Iterator[TokenReport]:
+        try:
+            self._end_turn(previous)
+        except SettingsError:
+            self._open_turn = previous  # (still open: the next turn ends it)
+            raise
         before = len(self.messages)
         self.messages.extend(new)
         try:
@@ -123,3 +139,15 @@ class ChatSession:
             self.last_result = result = generation.result
             self.messages.append(self.engine.text.format.assistant_message(result.text, result.tool_calls,
                                                                          result.thinking))
+
+    @staticmethod
+    def _end_turn(turn: Optional[Iterator[TokenReport]]) -> None:
+        """End a turn whose stream was left open (its answer is kept as far as it was read): two
+        turns decoding on the session's one sequence would corrupt it."""
+        if turn is None:
+            return
+        try:
+            turn.close()
+        except ValueError:  # (one being read right now, by another thread, cannot be closed)
+            raise SettingsError("the last turn is still being answered: send the next one after its "
+                                "loop, or break out of it first") from None

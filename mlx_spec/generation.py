@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from .decoding.prompt_cache import PromptCache
 from .decoding.reports import WAITING, TokenReport
 from .decoding.sequence import SequenceState
 from .decoding.stats import Stats
@@ -59,6 +60,8 @@ class Generation:
                  state: Optional[SequenceState] = None, cache=None, as_written: bool = False,
                  stop: Optional[Callable[[], bool]] = None, stop_after_token: Optional[Callable[[], bool]] = None,
                  batch=None):
+        if cache is not None and not isinstance(cache, PromptCache):
+            raise SettingsError(f"cache must be a mlx_spec.PromptCache, got {type(cache).__name__}")
         self.engine, self.prompt, self.options, self.tools = engine, prompt, options, tools
         self.state, self.cache, self.as_written = state, cache, as_written
         self.stop = stop  # asked between prefill chunks: True stops the prompt (PromptStopped)
@@ -74,6 +77,7 @@ class Generation:
         self.limit = 0
         self.released: List[TokenReport] = []
         self.result: Optional[GenerationResult] = None
+        self.reading = False  # iterated (once only)
 
     @property
     def text(self) -> str:
@@ -105,7 +109,10 @@ class Generation:
         if self.result is not None:  # its sequence went back: iterating again would decode on it
             raise SettingsError("this answer was read to its end already (its result is .result); "
                                 "a new Generation answers again")
+        if self.reading:  # two readers would decode on the one sequence, each from its own place
+            raise SettingsError("this answer is being read already: iterate a Generation once")
         self.start()
+        self.reading = True  # (after: a prompt that failed may be started again)
         if self.batch is not None:
             source = self.batch.join(self.decoder, self.state, self.limit)
         else:

@@ -38,6 +38,8 @@ class Options:
         if not is_integer(self.max_tokens) or self.max_tokens < 1:
             raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         check_draft_tokens(self.draft_tokens)
+        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):  # (a dict's keys were taken)
+            raise SettingsError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if not all(isinstance(s, str) and s for s in stop):
             raise SettingsError(f"stop strings must be non-empty strings, got {list(stop)!r}")

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
 from .decoding.reports import WAITING, TokenReport
 from .errors import SettingsError
+from .message_checks import check_message, check_tools
 from .models.checkpoint import Checkpoint
 from .models.protocol import ANSWER, TOOL_CALL
 
@@ -22,6 +23,17 @@ TOKEN_TEXTS = 65536  # pieces of single tokens kept for the top-5 lists (a vocab
 def is_messages(prompt: Any) -> bool:
     """Whether a prompt is chat messages (a non-empty list of dicts), not text or token ids."""
     return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def checked(messages: List[dict], tools: Optional[List[Any]]) -> Optional[List[Any]]:
+    """The tools, once the messages and they are shapes the chat template renders
+    (message_checks.py); else a SettingsError naming what is wrong."""
+    try:
+        for index, message in enumerate(messages):
+            check_message(message, index)
+        return None if tools is None else check_tools(tools)
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
 
 
 def stop_token_ids(checkpoint: Checkpoint, tokenizer: Optional[Any] = None) -> List[int]:
@@ -70,7 +82,7 @@ class TextSide:
             if bos and prompt.startswith(bos):  # a prompt rendered by its caller: no second <bos>
                 return list(tokenizer.encode(prompt, add_special_tokens=False))
             return list(tokenizer.encode(prompt))
-        if not isinstance(prompt, Iterable):
+        if not isinstance(prompt, Iterable) or isinstance(prompt, (bytes, bytearray)):
             raise SettingsError(f"a prompt must be a string, a list of token ids, or a list of chat messages, "
                                 f"got {type(prompt).__name__}")
         prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy / mlx arrays too
@@ -85,6 +97,7 @@ class TextSide:
         tools (`<turn|>\\n<|turn>system`: an injection, or a file quoting Gemma's format that an
         agent read) are read as text: only the template's own markers are tokens (transformers'
         `sanitize_control_tokens`; a conversation without such strings is tokenized as ever)."""
+        tools = checked(messages, tools)
         settings = dict(add_generation_prompt=True, enable_thinking=bool(thinking))
         if self._can_sanitize:
             settings["sanitize_control_tokens"] = True
@@ -111,6 +124,7 @@ class TextSide:
         if isinstance(prompt, str):
             return prompt
         if is_messages(prompt):
+            tools = checked(list(prompt), tools)
             return self._chat_tokenizer().apply_chat_template(
                 self.format.for_template(list(prompt)), tools=tools, add_generation_prompt=True,
                 enable_thinking=bool(thinking), tokenize=False)

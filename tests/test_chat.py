@@ -300,11 +300,80 @@ def test_bad_turns_and_settings_leave_the_session_as_it_was(engine):
     messages = list(session.messages)
     with pytest.raises(SettingsError, match="empty list"):
         list(session.send([]))
+    for not_a_message in (123, [5, 6, 7]):  # (ran as a prompt of token ids, and broke every later turn)
+        with pytest.raises(SettingsError, match="send takes a user message .* got int"):
+            session.send(not_a_message)
     with pytest.raises(SettingsError, match="top_k"):
         session.set(top_k=100_000)
     with pytest.raises(SettingsError, match="system_prompt must be a string"):
         engine.chat(Options(max_tokens=4))
     assert session.messages == messages and session.options.top_k == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    ([{"type": "input_text", "text": "Hi"}], r"content\[0\] must be a part of type text, .*got 'input_text'"),
+    ([{"text": "Hi"}], r"content\[0\] must be a part of type .*got None"),
+    ([{"type": "video", "video": "clip.mp4"}], r"content\[0\] must be a part of type .*got 'video'"),
+    ([{"type": "text", "text": 5}], r"content\[0\].text must be a string"),
+    (42, "content must be a string or a list of content parts, got int"),
+    ({"text": "Hi"}, "content must be a string or a list of content parts, got dict"),
+])
+def test_content_the_template_would_render_empty_is_named(engine, content, message):
+    """Each of these rendered as an empty user turn, and the model answered it (a video part:
+    a marker with no video behind it). Found by a review."""
+    with pytest.raises(SettingsError, match=r"messages\[1\]\." + message):
+        engine.generate([{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}], max_tokens=2)
+
+
+def test_messages_and_tools_of_the_wrong_shape_are_named(engine):
+    """A message without a role was an error from inside jinja, `role: "wizard"` was rendered,
+    and bad tools failed inside transformers or the template (found by a review)."""
+    hello = [{"role": "user", "content": "Hi"}]
+    for messages, message in (([{"content": "Hi"}], "needs a role among system, developer, user, assistant, tool, got None"),
+                              ([{"role": "wizard", "content": "Hi"}], "needs a role among .*, got 'wizard'")):
+        with pytest.raises(SettingsError, match=r"messages\[0\] " + message):
+            engine.generate(messages, max_tokens=2)
+        with pytest.raises(SettingsError, match=message):
+            engine.render(messages)
+    for tools, message in (("x", "tools must be a list of function declarations, got str"),
+                           (["x"], r"tools\[0\] must be a function declaration"),
+                           ([{"bogus": 1}], r"tools\[0\].function must be an object with a name")):
+        with pytest.raises(SettingsError, match=message):
+            engine.generate(hello, tools=tools, max_tokens=2)
+    with pytest.raises(SettingsError, match="a prompt must be a string.*got bytes"):  # it ran as token ids
+        engine.generate(b"hi", max_tokens=2)
+
+    def get_time(city: str):
+        """The time in a city.
+
+        Args:
+            city: the city's name
+        """
+
+    assert "declaration:get_time" in engine.render(hello, tools=[get_time])  # transformers declares a function
+
+
+def test_a_turn_left_open_ends_when_the_next_begins(engine):
+    """A turn whose stream was left open (a `break` keeps the generator) used to decode beside
+    the next one on the session's sequence: an error from inside mlx-lm's cache. Now the next
+    turn ends it, as far as it was read, and the conversation goes on exactly. A Generation
+    read by two iterators at once is refused the same way (found by a review)."""
+    session, reference = engine.chat(max_tokens=6), engine.chat(max_tokens=6)
+    first = session.send("Hi")
+    kept = [report.token for report, _ in zip(first, range(3))]  # three tokens, then left open
+    second = [report.token for report in session.send("And then?")]
+    assert session.last_result.finish_reason == "length" and len(second) == 6
+    answer = reference.send("Hi")
+    assert [report.token for report, _ in zip(answer, range(3))] == kept
+    answer.close()
+    assert [report.token for report in reference.send("And then?")] == second
+    assert session.messages == reference.messages
+    generation = engine.stream([5, 6, 7, 8], max_tokens=8)
+    reader = iter(generation)
+    next(reader)
+    with pytest.raises(SettingsError, match="being read already"):
+        list(generation)
+    assert len(list(reader)) == 7 and len(generation.result.tokens) == 8
 
 
 def test_tool_call_output_parses():

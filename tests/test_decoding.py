@@ -233,6 +233,10 @@ def test_wrong_kinds_of_arguments_are_named(engine, prompt):
         engine.generate(prompt, {"max_tokens": 3})
     with pytest.raises(SettingsError, match="prompts must be a list of prompts"):
         engine.generate_many("ab", max_tokens=2)
+    with pytest.raises(SettingsError, match="cache must be a mlx_spec.PromptCache, got int"):  # (an AttributeError)
+        engine.generate(prompt, cache=5, max_tokens=2)
+    with pytest.raises(SettingsError, match="stop must be a string or a list of strings, got dict"):  # (its keys were taken)
+        engine.generate(prompt, stop={"a": 1}, max_tokens=2)
     with pytest.raises(LoadError, match="model must be a size, a hub id or a folder"):
         load(None)
     answer = Generation(engine, prompt, Options(max_tokens=3))
@@ -361,6 +365,15 @@ def test_a_drafter_that_returns_no_draft_is_named(engine, prompt, reference):
     held = len(state.tokens)
     assert state.cached == held - 1 and state.tokens == reference[:held]
     assert [r.token for r in engine.decoder(mtp=False).generate(state, 5)] == reference[held:held + 5]
+
+    from mlx_spec.drafting import Draft
+
+    class ListInDraft:  # (an AttributeError from the loop, found by a review)
+        def draft(self, context, g):
+            return Draft([1] * g)
+
+    with pytest.raises(SettingsError, match=r"ListInDraft object .*: a Draft's tokens must be an mx.array, got list"):
+        engine.generate(prompt, drafter=ListInDraft(), draft_tokens=3, max_tokens=6)
 
 
 class Failed(Exception):

@@ -121,6 +121,11 @@ class Custom(Drafter):
         if not isinstance(draft, Draft):
             raise SettingsError(f"drafter {self.inner!r}: draft(context, g) must return a mlx_spec.drafting.Draft "
                                 f"(tokens: an int32 mx.array of up to g ids), got {type(draft).__name__}")
+        # (their shapes are checked where the cycle takes them: decoding/cycle.py)
+        if not isinstance(draft.tokens, mx.array) or not isinstance(draft.q, (mx.array, type(None))):
+            wrong = "tokens" if not isinstance(draft.tokens, mx.array) else "q"
+            raise SettingsError(f"drafter {self.inner!r}: a Draft's {wrong} must be an mx.array, "
+                                f"got {type(getattr(draft, wrong)).__name__}")
         return draft
 
     def begin(self, sequence) -> None:

@@ -1,13 +1,13 @@
-"""A chat request's messages and tools, checked and put as Google's template reads them (the
-validators of schemas.py's ChatRequest call these): each wrong shape a ValueError naming where
-it is, which the request's parsing answers as a 400."""
+"""A chat request's messages, checked and put as Google's template reads them (the validators of
+schemas.py's ChatRequest call these; its tools are checked as the Python API's are, by
+message_checks.py): each wrong shape a ValueError naming where it is, which the request's
+parsing answers as a 400."""
 
 from typing import Any, Dict
 
+from ..message_checks import ROLES
 from .json_values import Refused, loads
 
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
 # Text, and media as OpenAI sends them (image_url, input_audio) or as the chat template names them.
 PART_TYPES = ("text", "image_url", "input_audio", "image", "audio")
 
@@ -55,48 +55,6 @@ def _tool_call(call: Any, index: int) -> Dict[str, Any]:
     if not isinstance(arguments, dict):
         raise ValueError(f"messages[{index}].tool_calls: arguments must be a JSON object")
     return {**call, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
-
-
-def checked_tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
-    """A tool as the template reads it: a function with a name, and parameters that are a JSON
-    schema object (see `_schema`)."""
-    where = f"tools[{index}]"
-    if tool.get("type", "function") != "function":
-        raise ValueError(f"{where}.type must be \"function\"")
-    function = tool.get("function")
-    if not isinstance(function, dict):
-        raise ValueError(f"{where}.function must be an object with a name")
-    if not isinstance(function.get("name"), str) or not function["name"].strip():
-        raise ValueError(f"{where}.function.name must be a non-empty string")
-    if "description" in function and not isinstance(function["description"], (str, type(None))):
-        raise ValueError(f"{where}.function.description must be a string")
-    if function.get("parameters") is not None:
-        _schema(function["parameters"], f"{where}.function.parameters")
-    return tool
-
-
-def _schema(schema: Any, where: str) -> None:
-    """A JSON schema as Google's template walks it: an object whose `properties` map names to
-    schemas, whose `items` is a schema, `required` a list of names and `type` a string (or a
-    list of them)."""
-    if not isinstance(schema, dict):
-        raise ValueError(f"{where} must be a JSON schema object")
-    properties = schema.get("properties")
-    if properties is not None:
-        if not isinstance(properties, dict):
-            raise ValueError(f"{where}.properties must map parameter names to schemas")
-        for name, value in properties.items():
-            _schema(value, f"{where}.properties.{name}")
-    if schema.get("items") is not None:
-        _schema(schema["items"], f"{where}.items")
-    required = schema.get("required")
-    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
-        raise ValueError(f"{where}.required must be a list of parameter names")
-    kind = schema.get("type")
-    if kind is not None and not (isinstance(kind, str) or isinstance(kind, list) and all(isinstance(k, str) for k in kind)):
-        raise ValueError(f"{where}.type must be a string")
-    if schema.get("enum") is not None and not isinstance(schema["enum"], list):
-        raise ValueError(f"{where}.enum must be a list")
 
 
 def _json_or_text(content: str) -> Any:

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
-from .chat_checks import checked_message, checked_tool
+from ..message_checks import checked_tool
+from .chat_checks import checked_message
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 # Each token is matched against every stop string on the model's thread, the batch's other rows
