@@ -44,7 +44,7 @@ def check_tools(tools: Any) -> List[Any]:
 
 def checked_tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
     """A tool as the template reads it: a function with a name, and parameters that are a JSON
-    schema object (see `_schema`)."""
+    schema object (see `check_schema`)."""
     where = f"tools[{index}]"
     if not isinstance(tool, dict):
         raise ValueError(f"{where} must be a function declaration: {{'type': 'function', 'function': {{'name': ...}}}}")
@@ -58,11 +58,11 @@ def checked_tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
     if "description" in function and not isinstance(function["description"], (str, type(None))):
         raise ValueError(f"{where}.function.description must be a string")
     if function.get("parameters") is not None:
-        _schema(function["parameters"], f"{where}.function.parameters")
+        check_schema(function["parameters"], f"{where}.function.parameters")
     return tool
 
 
-def _schema(schema: Any, where: str) -> None:
+def check_schema(schema: Any, where: str) -> None:
     """A JSON schema as Google's template walks it: an object whose `properties` map names to
     schemas, whose `items` is a schema, `required` a list of names and `type` a string (or a
     list of them)."""
@@ -73,9 +73,9 @@ def _schema(schema: Any, where: str) -> None:
         if not isinstance(properties, dict):
             raise ValueError(f"{where}.properties must map parameter names to schemas")
         for name, value in properties.items():
-            _schema(value, f"{where}.properties.{name}")
+            check_schema(value, f"{where}.properties.{name}")
     if schema.get("items") is not None:
-        _schema(schema["items"], f"{where}.items")
+        check_schema(schema["items"], f"{where}.items")
     required = schema.get("required")
     if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
         raise ValueError(f"{where}.required must be a list of parameter names")

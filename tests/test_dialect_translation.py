@@ -253,3 +253,55 @@ def test_a_tool_result_too_deep_for_the_template_is_its_text():
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": r} for i, r in enumerate(results)]}]
     chat = CreateMessage.model_validate(claude_request(messages=messages, system=None)).to_chat()
     assert [m["content"] for m in chat.messages[-3:]] == [deep, {"a": {"b": 1}}, DEEP]
+
+
+ANSWERED = [{"role": "user", "content": "List the files"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}]
+
+
+@pytest.mark.parametrize("message, words", [
+    # Each of these was written into the prompt as Python's text of it ("None", "{'a': 1}").
+    ({"role": "user", "content": [{"type": "text", "text": None}]}, r"messages\[1\].content\[0\].text must be a string, got null"),
+    ({"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}, "text must be a string, got an object"),
+    ({"role": "user", "content": [{"type": "text"}]}, r"content\[0\] needs text, a string"),
+    ({"role": "assistant", "content": [{"type": "thinking", "thinking": 5}]}, "thinking must be a string, got a number"),
+    # A result answering no call was named in the chat request's terms (`messages[3]`, `tool_call_id`).
+    ({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "WRONG", "content": "x"}]},
+     r"messages\[1\].content\[0\].tool_use_id 'WRONG' answers no tool_use block"),
+])
+def test_messages_content_is_checked_in_the_dialect_s_own_fields(message, words):
+    """Found by a review of the server (mixed dialects at once)."""
+    request = CreateMessage.model_validate(claude_request(messages=[{"role": "user", "content": "Hi"}, message]))
+    with pytest.raises(ValueError, match=words):
+        request.to_chat()
+    answered = ANSWERED + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}]}]
+    assert CreateMessage.model_validate(claude_request(messages=answered)).to_chat().messages[-1]["role"] == "tool"
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"system": [{"type": "text", "text": None}]}, r"system.content\[0\].text must be a string, got null"),
+    ({"tools": [{"name": "Bash"}]}, r"tools\[0\].input_schema must be a JSON schema object"),
+    ({"tools": [{"name": "Bash", "input_schema": {"type": "object", "properties": []}}]},
+     r"tools\[0\].input_schema.properties must map"),
+    ({"thinking": {"type": "enabled", "budget_tokens": "x"}}, "thinking.budget_tokens must be a whole number"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type must be"),
+    ({"stop_sequences": [""]}, "stop_sequences must not hold empty strings"),
+])
+def test_messages_settings_and_tools_are_named_as_anthropic_names_them(fields, words):
+    with pytest.raises(ValueError, match=words):
+        CreateMessage.model_validate(claude_request(**fields)).to_chat()
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"reasoning": {"effort": 5}}, "reasoning.effort must be one of none, minimal"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": "x"}}]},
+     r"tools\[0\].parameters.required must be a list"),
+    ({"tools": [{"type": "function", "parameters": {}}]}, r"tools\[0\].name must be a non-empty string"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+     r"input\[0\].content\[0\].text must be a string, got a number"),
+    ({"input": [{"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "WRONG", "output": "x"}]},
+     r"input\[1\].call_id 'WRONG' answers no function_call"),
+])
+def test_responses_fields_are_named_as_openai_names_them(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ResponsesRequest.model_validate(codex_request(**fields)).to_chat()

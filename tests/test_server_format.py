@@ -174,6 +174,9 @@ def test_what_is_held_back_is_the_longest_end_a_stop_string_begins_with():
      "stream_options"),
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": "yes"}, "stream_options"),
     ({"prompt": "x", "best_of": 3}, None),
+    # found by a review: a text part's null or object was written into the prompt as "None"
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}, {"type": "image_url"}]}]}, "messages"),
     ({"prompt": "x", "best_of": 0}, "best_of"),
 ])
 def test_requests_are_checked(body, param):

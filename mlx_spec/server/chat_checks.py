@@ -3,10 +3,10 @@ schemas.py's ChatRequest call these; its tools are checked as the Python API's a
 message_checks.py): each wrong shape a ValueError naming where it is, which the request's
 parsing answers as a 400."""
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from ..message_checks import ROLES
-from .json_values import Refused, loads
+from .json_values import Refused, loads, text_field
 
 # Text, and media as OpenAI sends them (image_url, input_audio) or as the chat template names them.
 PART_TYPES = ("text", "image_url", "input_audio", "image", "audio")
@@ -26,11 +26,12 @@ def checked_message(message: Dict[str, Any], index: int) -> Dict[str, Any]:
     if isinstance(content, list):
         if any(not isinstance(p, dict) or p.get("type") not in PART_TYPES for p in content):
             raise ValueError(f"messages[{index}].content: the parts must be of types {', '.join(PART_TYPES)}")
-        if all(p["type"] == "text" for p in content):
-            out["content"] = "".join(str(p.get("text", "")) for p in content)
+        texts = {j: text_field(p, "text", f"messages[{index}].content[{j}]") for j, p in enumerate(content)
+                 if p["type"] == "text"}
+        if len(texts) == len(content):
+            out["content"] = "".join(texts.values())
         else:
-            out["content"] = [{"type": "text", "text": str(p.get("text", ""))} if p["type"] == "text" else p
-                              for p in content]
+            out["content"] = [{"type": "text", "text": texts[j]} if j in texts else p for j, p in enumerate(content)]
     elif content is not None and not isinstance(content, str):
         raise ValueError(f"messages[{index}].content must be a string or a list of content parts")
     if out["role"] == "assistant" and out.get("tool_calls"):
@@ -66,3 +67,13 @@ def _json_or_text(content: str) -> Any:
         return content
     return value if isinstance(value, dict) else content
 
+
+def answers_a_call(messages: List[Dict[str, Any]], call_id: str) -> bool:
+    """Whether a tool result with `call_id`, put after `messages`, answers a call of the assistant
+    message before the tool results they end with (as Google's template matches them: a
+    dialect checks it first, to name the fault in its own fields)."""
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+            return any(isinstance(c, dict) and c.get("id") == call_id for c in calls or [])
+    return False

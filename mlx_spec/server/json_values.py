@@ -47,6 +47,19 @@ def loads(text: str, where: str, what: str) -> Any:
     return value
 
 
+def text_field(block: dict, key: str, where: str) -> str:
+    """A block's text (`key`), which must be a string: never Python's text of null or an object."""
+    if key not in block:
+        raise ValueError(f"{where} needs {key}, a string")
+    value = block[key]
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{key} must be a string, got {JSON_TYPES.get(type(value), type(value).__name__)}")
+    return value
+
+
+JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array"}
+
+
 def check(data: Any, where: str, what: str) -> None:
     """Walk a parsed value (without recursion) for what the server refuses."""
     stack = [(data, where, 1)]

@@ -13,8 +13,11 @@ name.
 import json
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from ..message_checks import check_schema
+from .chat_checks import answers_a_call
+from .json_values import text_field
 from .schemas import ChatRequest, Described
 
 
@@ -35,6 +38,24 @@ class MessagesRequest(Described, BaseModel):
     seed: Optional[StrictInt] = Field(None, ge=0, lt=2**64)  # extension, as on chat completions: a reproducible sample
     mtp: Optional[StrictBool] = None  # extension, as on chat completions
     x_report: StrictBool = False  # extension: per-token reports as `x_tokens`
+
+    @field_validator("thinking")
+    @classmethod
+    def _thinking(cls, value):
+        # (a dict, not a model: a nested model would put a $ref in the API description)
+        if value is not None and value.get("type") not in ("enabled", "disabled", "adaptive"):
+            raise ValueError('thinking.type must be "enabled", "disabled" or "adaptive"')
+        budget = (value or {}).get("budget_tokens")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise ValueError("thinking.budget_tokens must be a whole number of tokens")
+        return value
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, value):
+        if any(not s for s in value or []):
+            raise ValueError("stop_sequences must not hold empty strings")
+        return value
 
     @model_validator(mode="after")
     def _supported(self):
@@ -101,7 +122,7 @@ def messages_of(system: Union[None, str, List[Dict[str, Any]]], messages: List[D
         elif isinstance(content, str):
             out.append({"role": role, "content": content})
         else:
-            out.extend(_assistant(content, where) if role == "assistant" else _user(content, where))
+            out.extend(_assistant(content, where) if role == "assistant" else _user(content, where, out))
     if systems:
         out.insert(0, {"role": "system", "content": "\n\n".join(s for s in systems if s)})
     return out
@@ -114,7 +135,7 @@ def _blocks(content: List[Any], where: str):
         yield f"{where}.content[{j}]", block
 
 
-def _user(content: List[Any], where: str) -> List[Dict[str, Any]]:
+def _user(content: List[Any], where: str, before: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """A user turn: its tool results as tool messages first (they answer the calls before them),
     then its text and images as one user message. A tool result's images (Claude Code's Read of
     an image) go there too: Google's template writes a tool response's text only."""
@@ -124,6 +145,9 @@ def _user(content: List[Any], where: str) -> List[Dict[str, Any]]:
         if kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise ValueError(f"{at}.tool_use_id must be a string")
+            if not answers_a_call(before + results, block["tool_use_id"]):
+                raise ValueError(f"{at}.tool_use_id {block['tool_use_id']!r} answers no tool_use block of the "
+                                 "assistant turn before it")
             text = block.get("content", "")
             if not isinstance(text, str):
                 text, shown = _result(text, at + ".content")
@@ -132,7 +156,7 @@ def _user(content: List[Any], where: str) -> List[Dict[str, Any]]:
                 text = json.dumps({"error": text}, ensure_ascii=False)  # rendered `response:NAME{error:...}`
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
         elif kind == "text":
-            parts.append({"type": "text", "text": str(block.get("text", ""))})
+            parts.append({"type": "text", "text": text_field(block, "text", at)})
         elif kind == "image":
             parts.append(_image(block, at))
         else:
@@ -150,7 +174,7 @@ def _assistant(content: List[Any], where: str) -> List[Dict[str, Any]]:
     for at, block in _blocks(content, where):
         kind = block["type"]
         if kind == "text":
-            message["content"] += str(block.get("text", ""))
+            message["content"] += text_field(block, "text", at)
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise ValueError(f"{at}: a tool_use block needs id and name")
@@ -160,7 +184,7 @@ def _assistant(content: List[Any], where: str) -> List[Dict[str, Any]]:
             message.setdefault("tool_calls", []).append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
         elif kind == "thinking":
-            thought.append(str(block.get("thinking", "")))
+            thought.append(text_field(block, "thinking", at))
         elif kind != "redacted_thinking":  # nothing of ours is ever redacted: no text to give back
             raise ValueError(f"{at}: blocks of type {kind!r} are not supported in an assistant turn (text, "
                              "tool_use and thinking are)")
@@ -188,7 +212,7 @@ def _result(blocks: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
     texts, images = [], []
     for at, block in _blocks(blocks, where):
         if block["type"] == "text":
-            texts.append(str(block.get("text", "")))
+            texts.append(text_field(block, "text", at))
         elif block["type"] == "image":
             images.append(_image(block, at))
         else:
@@ -203,7 +227,7 @@ def _text(blocks: Any, where: str) -> str:
     for at, block in _blocks(blocks, where):
         if block["type"] != "text":
             raise ValueError(f"{at}: only text blocks are taken here")
-        texts.append(str(block.get("text", "")))
+        texts.append(text_field(block, "text", at))
     return "".join(texts)
 
 
@@ -211,7 +235,10 @@ def _tool(tool: Any, index: int) -> Dict[str, Any]:
     """An Anthropic tool ({name, description, input_schema}) as a chat tool."""
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         raise ValueError(f"tools[{index}] needs a name")
-    function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+    check_schema(tool.get("input_schema"), f"tools[{index}].input_schema")  # (required by Anthropic's API)
+    if not isinstance(tool.get("description"), (str, type(None))):
+        raise ValueError(f"tools[{index}].description must be a string")
+    function = {"name": tool["name"], "parameters": tool["input_schema"]}
     if tool.get("description") is not None:
         function["description"] = tool["description"]
     return {"type": "function", "function": function}

@@ -13,10 +13,13 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from .json_values import loads
+from ..message_checks import check_schema
+from .chat_checks import answers_a_call
+from .json_values import loads, text_field
 from .schemas import ChatRequest, Described
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's; any but none turns thinking on
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
@@ -57,6 +60,8 @@ class ResponsesRequest(Described, BaseModel):
             raise ValueError('text.format must be {"type": "text"}: JSON modes are not supported')
         if isinstance(self.input, list) and not self.input:
             raise ValueError("input is empty")
+        if (self.reasoning or {}).get("effort") not in (None, *EFFORTS):  # (a number turned thinking on)
+            raise ValueError(f"reasoning.effort must be one of {', '.join(EFFORTS)}")
         return self
 
     @property
@@ -75,6 +80,10 @@ class ResponsesRequest(Described, BaseModel):
             if tool.get("type") != "function":
                 ignored.append(str(tool.get("type")))
                 continue
+            if not isinstance(tool.get("name"), str) or not tool["name"].strip():
+                raise ValueError(f"tools[{i}].name must be a non-empty string")
+            if tool.get("parameters") is not None:  # (checked here, to name the field as this API does)
+                check_schema(tool["parameters"], f"tools[{i}].parameters")
             function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
             functions.append({"type": "function", "function": function})
         return functions, ignored
@@ -132,6 +141,8 @@ def messages_of(instructions: Optional[str], input: Union[str, List[Dict[str, An
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ValueError(f"{where}.call_id must be a string")
+            if not answers_a_call(out, item["call_id"]):
+                raise ValueError(f"{where}.call_id {item['call_id']!r} answers no function_call before it")
             text, shown = _output(item.get("output"), where)
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
             images += shown
@@ -159,7 +170,7 @@ def _content(content: Any, where: str) -> Union[str, List[Dict[str, Any]]]:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS:
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
+            parts.append({"type": "text", "text": text_field(part, "text", f"{where}.content[{j}]")})
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
@@ -207,4 +218,5 @@ def _reasoning_text(item: Dict[str, Any], where: str) -> str:
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise ValueError(f"{where}: a reasoning item's content and summary must be lists of parts")
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return "".join(text_field(p, "text", f"{where}.content[{j}]") for j, p in enumerate(parts)
+                   if isinstance(p, dict) and "text" in p)
