@@ -50,8 +50,10 @@ class MessagesFormat:
     done_marker = None
     ping_after = 2.0  # seconds a stream waits for its prompt to go through before it pings
 
-    def __init__(self, model: str, report: bool):
+    def __init__(self, model: str, report: bool, prompt_tokens: Optional[int] = None):
         self.id, self.model, self.report = f"msg_{uuid.uuid4().hex[:24]}", model, report
+        self.prompt_tokens = prompt_tokens  # known before the prompt goes through: the stream may open early
+        self.opened = False  # message_start was sent
         self.blocks = 0  # content blocks started so far
         self.open: Optional[str] = None  # the kind of the block being streamed
         self.wrote_text = False  # whether a text block was streamed
@@ -79,8 +81,18 @@ class MessagesFormat:
         return error_body(error.status, error.message)
 
     def first_chunks(self, started) -> List[Dict[str, Any]]:
-        opening = usage(started.prompt_tokens, started.cached_tokens, 0)
-        return [{"type": "message_start", "message": self.message([], None, None, opening)}]
+        return self._start_message(started.prompt_tokens, started.cached_tokens)
+
+    def early_chunks(self) -> List[Dict[str, Any]]:
+        """What a stream whose prompt is still waiting opens with, before its pings: Anthropic's
+        flow begins with message_start (its usage counts no cache yet; message_delta's is whole)."""
+        return [] if self.prompt_tokens is None else self._start_message(self.prompt_tokens, 0)
+
+    def _start_message(self, prompt_tokens: int, cached: int) -> List[Dict[str, Any]]:
+        if self.opened:
+            return []
+        self.opened = True
+        return [{"type": "message_start", "message": self.message([], None, None, usage(prompt_tokens, cached, 0))}]
 
     def token_chunks(self, token: Token) -> List[Dict[str, Any]]:
         r = token.report

@@ -27,7 +27,7 @@ def add_messages_routes(app: FastAPI, gate: Gate) -> None:
         chat = translated(req)
         options = ceiling(chat.options(gate.defaults))
         tokens = await gate.chat_prompt(chat, options)
-        form = MessagesFormat(gate.names.id, req.x_report)
+        form = MessagesFormat(gate.names.id, req.x_report, len(tokens.tokens))
         response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
         ignored_header(response, req.function_tools()[1])
         return response

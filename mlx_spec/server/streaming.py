@@ -75,6 +75,8 @@ async def pinged(job, first, events: AsyncIterator, form, include_usage: bool):
     in its prompt, would otherwise run to its last token for nobody, holding a row and its K/V."""
     started = None
     try:
+        for chunk in getattr(form, "early_chunks", list)():  # (a dialect whose streams open before pings)
+            yield encode(form, chunk)
         while True:
             finished, _ = await asyncio.wait({first}, timeout=form.ping_after)
             if finished:
