@@ -19,10 +19,12 @@ class ContextError(SettingsError):
 
     def __init__(self, prompt_tokens: int, requested: int, context: int):
         self.prompt_tokens, self.requested, self.context = prompt_tokens, requested, context
-        super().__init__(
-            f"prompt too long: {prompt_tokens} tokens plus {requested} to generate exceed the "
-            f"model's {context} positions"
-        )
+        if prompt_tokens < context:  # (the prompt fits: the answer asked for does not)
+            super().__init__(f"{prompt_tokens} prompt tokens plus {requested} to generate exceed the model's "
+                             f"{context} positions: at most {context - prompt_tokens} can be generated")
+        else:
+            super().__init__(f"prompt too long: {prompt_tokens} tokens plus {requested} to generate exceed the "
+                             f"model's {context} positions")
 
 
 class MediaError(SettingsError):

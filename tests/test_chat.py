@@ -376,6 +376,23 @@ def test_a_turn_left_open_ends_when_the_next_begins(engine):
     assert len(list(reader)) == 7 and len(generation.result.tokens) == 8
 
 
+def test_a_turn_stopped_in_its_prompt_leaves_the_conversation_resumable(engine):
+    """Ctrl-C during a long message: the turn is not kept, and the next one resumed nothing (the
+    sliding caches had moved past the last turn's mark), so the whole conversation went through
+    the model again (found by a review). It resumes as much as without the stopped turn, and
+    gives the same answer."""
+    answers = []
+    for stop_one in (False, True):
+        session = engine.chat(max_tokens=5)
+        list(session.send("alpha " * 200))
+        if stop_one:
+            asked = []
+            with pytest.raises(PromptStopped):
+                list(session.send("word " * 500, should_stop=lambda: asked.append(1) or len(asked) > 1))
+        answers.append(([r.token for r in session.send("next")], session.last_stats.prompt_reused))
+    assert answers[1] == answers[0] and answers[0][1] > 1000
+
+
 def test_tool_call_output_parses():
     call = '<|tool_call>call:get_current_time{city:<|"|>Taipei<|"|>}<tool_call|>'
     parsed = parse_tool_calls(f"Let me check. {call}")

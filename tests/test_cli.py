@@ -197,6 +197,7 @@ def test_generate_reads_stdin_and_mtp_matches_no_mtp(checkpoints):
         (["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
         (["--bogus"], "No such option: --bogus|No such option '--bogus'"),
         (["--temp", "hot"], "'hot' is not a valid float"),
+        (["--context", "-5"], r"Invalid value for '--context': -5 is not in the range x>=1"),  # (it ran: a review)
     ],
 )
 def test_bad_values_exit_with_one_line(checkpoints, args, message):
@@ -204,6 +205,54 @@ def test_bad_values_exit_with_one_line(checkpoints, args, message):
     assert out.returncode != 0
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert re.search(message, out.stderr)
+
+
+def bytes_run(argv, stdin: bytes, **env):
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=120, env={**ENV, **env})
+
+
+@pytest.mark.parametrize("locale", ["utf-8", "utf-8:strict"])
+def test_input_that_is_not_utf8_is_read_as_replacement_characters(checkpoints, locale):
+    """Bytes that are not UTF-8 were a traceback from deep inside (a surrogate the tokenizer or
+    a group's line could not encode; with a strict locale, the read itself): found by a review.
+    They are read as U+FFFD, the chat says so, and the session goes on."""
+    bad = "hello \xff\xfe bad".encode("latin-1")
+    chat = bytes_run(command(checkpoints, "chat", "-m", "4", "--no-mtp"), bad + b"\nsecond\n", PYTHONIOENCODING=locale)
+    assert chat.returncode == 0 and not chat.stderr, chat.stderr
+    out = chat.stdout.decode()
+    assert out.count("[bytes that are not UTF-8 were read as \ufffd]") == 1 and len(STATS.findall(out)) == 2
+    generate = bytes_run(command(checkpoints, "generate", "-m", "4", "--no-mtp", "--json"), bad, PYTHONIOENCODING=locale)
+    assert generate.returncode == 0, generate.stderr
+    engine = load(str(checkpoints["text"]), drafter=None)
+    expected = engine.generate([{"role": "user", "content": [{"type": "text", "text": "hello \ufffd\ufffd bad"}]}],
+                               max_tokens=4).tokens
+    assert [json.loads(line)["token"] for line in generate.stdout.decode().splitlines()[:-1]] == expected
+
+
+def test_mtp_on_without_an_assistant_says_what_drafts(checkpoints):
+    """`/mtp on` after --no-mtp said "[mtp on]", and no turn drafted (found by a review)."""
+    out = run(command(checkpoints, "chat", "-m", "3", "--no-mtp"), "/mtp on\n/mtp off\n")
+    assert "[mtp on: prompt lookup only, no assistant was loaded]\n[mtp off]" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], r"Invalid value for '--port': 70000 is not in the range 0<=x<=65535"),
+    (["--host", "999.1.1.1", "--port", "18081"], "cannot listen on 999.1.1.1:18081: "),
+])
+def test_serve_refuses_where_it_cannot_listen_before_it_loads(checkpoints, args, message):
+    """Each was a traceback from uvicorn after the model had loaded, or an abort at teardown
+    (found by a review)."""
+    out = run(command(checkpoints, "serve", *args))
+    assert out.returncode in (1, 2) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert re.search(message, out.stderr)
+
+
+def test_an_answer_past_the_context_says_how_much_fits(checkpoints):
+    """"prompt too long" for a prompt of 27 tokens: the answer asked for was (found by a review)."""
+    out = run(command(checkpoints, "generate", "-m", "4096", "-p", "hi"))
+    assert out.returncode == 1 and re.fullmatch(
+        r"mlx-spec: (\d+) prompt tokens plus 4096 to generate exceed the model's 4096 positions: at most \d+ can be "
+        r"generated\n", out.stderr), out.stderr
 
 
 def test_messages_to_a_checkpoint_without_a_chat_template(no_template):

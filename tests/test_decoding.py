@@ -266,8 +266,11 @@ def test_prompt_errors(engine, checkpoints):
         engine.generate([1, 2, tiny.VOCAB + 5])
     with pytest.raises(SettingsError, match="the prompt is empty"):
         engine.generate([])
-    with pytest.raises(SettingsError, match="prompt too long"):
+    with pytest.raises(SettingsError, match="4000 prompt tokens plus 200 to generate exceed the model's 4096 positions: "
+                                            "at most 96 can be generated"):
         engine.generate([5] * 4000, max_tokens=200)
+    with pytest.raises(SettingsError, match="prompt too long: 4096 tokens plus 1 to generate"):
+        engine.generate([5] * 4096, max_tokens=1)
     no_tokenizer = load(str(checkpoints["google"]), drafter=None)
     with pytest.raises(SettingsError, match="needs a tokenizer"):
         no_tokenizer.generate("hello")

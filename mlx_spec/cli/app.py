@@ -13,7 +13,7 @@ from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import flag_options, load_engine, memory_settings, model_options
 from .group import UNSHARED, follow_quietly, group_faults, shared_file
-from .terminal import TokenPrinter, stats_line
+from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
 
 @click.group()
@@ -57,7 +57,9 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
     if prompt is None or prompt == "-":
         if group is not None:  # mlx.launch forwards standard input to every rank, but never its end
             raise SettingsError("under mlx.launch, give the prompt with --prompt (standard input never ends there)")
+        read_bytes_as_escapes()
         prompt = sys.stdin.read()
+    prompt = as_utf8(prompt)
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=group)
     prints = follow_quietly(engine)
     if engine.lockstep.size > 1:  # rank 0 reads the files, and every rank takes its bytes
@@ -90,7 +92,7 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
 @cli.command()
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (other hosts only when asked).")
-@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every /v1 request.")
 @click.option("--cache-gb", type=float, default=4.0, show_default=True,
               help="Memory for the prompt cache of recent conversations (least recently used go first; 0 turns it off).")
@@ -130,9 +132,13 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
         serve as run_server,  # FastAPI and uvicorn only for this command
     )
 
-    run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb, max_batch=max_batch,
-               log_level=log_level, served_names=served_names, allow_files=allow_files, allow_fetch=allow_fetch,
-               any_model=any_model)
+    try:
+        run_server(load, model, defaults, host=host, port=port, api_key=api_key, cache_gb=cache_gb,
+                   max_batch=max_batch, log_level=log_level, served_names=served_names, allow_files=allow_files,
+                   allow_fetch=allow_fetch, any_model=any_model)
+    except (LoadError, SettingsError) as e:  # (after the model's thread began: end here, as below)
+        click.echo(f"mlx-spec: {e}", err=True)
+        end_process(1)
     # Shut down cleanly: the answers are stopped and the model's thread has ended. End the
     # process here rather than in the interpreter's teardown, where destroying MLX's streams of
     # that thread can abort the process (seen: "terminate called without an active exception").
@@ -157,11 +163,11 @@ def follow_group(engine, cache_bytes: int) -> None:
     end_process()
 
 
-def end_process() -> None:
+def end_process(status: int = 0) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})

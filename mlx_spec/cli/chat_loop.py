@@ -12,9 +12,9 @@ from typing import List, Optional, Sequence, Union
 
 import click
 
-from ..errors import PromptStopped, SettingsError
+from ..errors import MediaError, PromptStopped, SettingsError
 from .group import UNSHARED, shared_file
-from .terminal import TokenPrinter, stats_line
+from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
 HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
 /reset (forget the conversation), /stats (session figures), /mtp on|off (drafting),
@@ -34,7 +34,10 @@ def run_chat(engine, session, show_probs: bool) -> None:
     printer = TokenPrinter(show_probs, sys.stdout.isatty())
     totals = {"turns": 0, "tokens": 0, "drafted": 0, "kept": 0}
     attached: List[dict] = []
+    if lockstep.leader:
+        read_bytes_as_escapes()
     if interactive:
+        line_editing()
         click.echo(f"mlx-spec chat: {engine.target_path.name}" + (f" + {engine.drafter_path.name}" if engine.drafter_path else ""))
         click.echo(HELP)
     while True:
@@ -56,7 +59,8 @@ def run_chat(engine, session, show_probs: bool) -> None:
                 click.echo("[stopped before the answer began; the message was not kept]")
                 continue
             except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
-                click.echo(f"[{e}; /reset starts over]" + ("; the attachments are dropped" if attached else ""))
+                advice = "" if isinstance(e, MediaError) else "; /reset starts over"
+                click.echo(f"[{e}{advice}" + ("; the attachments are dropped]" if attached else "]"))
                 attached.clear()
                 continue
         attached.clear()
@@ -74,10 +78,13 @@ def run_chat(engine, session, show_probs: bool) -> None:
 def read_line(interactive: bool) -> Optional[str]:
     while True:
         try:
-            if interactive:
-                return input(">> ")
-            line = sys.stdin.readline()
-            return line if line else None
+            line = input(">> ") if interactive else sys.stdin.readline()
+            if not line and not interactive:
+                return None
+            text = as_utf8(line)
+            if text != line:
+                click.echo("[bytes that are not UTF-8 were read as \ufffd]")
+            return text
         except EOFError:
             return None
         except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
@@ -110,7 +117,8 @@ def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
         )
     elif name == "/mtp" and len(parts) == 2 and parts[1] in ("on", "off"):
         session.set(mtp=None if parts[1] == "on" else False)
-        click.echo(f"[mtp {parts[1]}]")
+        alone = parts[1] == "on" and session.engine.mtp_drafter is None  # (--no-mtp loads none)
+        click.echo("[mtp on: prompt lookup only, no assistant was loaded]" if alone else f"[mtp {parts[1]}]")
     elif name == "/thinking" and len(parts) == 2 and parts[1] in ("on", "off"):
         session.set(thinking=parts[1] == "on")
         click.echo(f"[thinking {parts[1]}]")
@@ -134,3 +142,12 @@ def interruptible():
         yield stopped
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def line_editing() -> None:
+    """Arrow keys and history at the prompt, and lines as long as they come: without readline a
+    terminal cuts a line at its own limit (4,095 bytes on Linux, 1,024 on macOS) without a word."""
+    try:
+        import readline  # noqa: F401  (input() uses it once it is imported)
+    except ImportError:  # (Python built without it)
+        pass

@@ -6,6 +6,22 @@ import sys
 import click
 
 
+def as_utf8(text: str) -> str:
+    """Text read from a terminal, a pipe or the arguments as Unicode the tokenizer takes: bytes
+    that are not UTF-8 (which Python keeps as lone surrogates) become U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # (a surrogate that escapes no byte)
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def read_bytes_as_escapes() -> None:
+    """Standard input keeps bytes that are not UTF-8 (for `as_utf8`) instead of raising at them
+    (a strict UTF-8 locale)."""
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")
+
+
 def stats_line(stats) -> str:
     kept = "no drafting"
     if stats.drafted:

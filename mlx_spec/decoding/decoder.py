@@ -81,6 +81,10 @@ class Decoder:
         prompt and its answer fit the context is the request path's to check: generation.py.)
         `stop`: asked between prefill chunks (see `SequenceState.add_prompt`)."""
         held = state.rewind(tokens, spans)
+        if stop is not None and held and len(tokens) - held > self.prefill_chunk:
+            # A prompt stopped part way leaves the sliding caches past this point: marked, the
+            # next prompt (a chat's next turn, not this one) still resumes here.
+            state.mark()
         self.add_tokens(state, tokens[held:], spans, stop)
         state.mark()
 

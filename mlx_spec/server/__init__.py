@@ -15,9 +15,10 @@ translated to a chat request, and its answer objects and events:
 static/: the page (plain HTML, CSS and JavaScript: offline, no build step).
 """
 
+import socket
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import GroupError
+from ..errors import GroupError, SettingsError
 from ..options import Options
 from .app import create_app
 from .worker import Worker
@@ -33,6 +34,7 @@ def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str =
     running answers are stopped, the model's thread ends, and the call returns."""
     import uvicorn
 
+    check_listening(host, port)  # before minutes of loading
     worker = Worker(load, int(cache_gb * 1e9), max_batch)
     app = create_app(worker, model_id, defaults, api_key, served_names=served_names, allow_files=allow_files,
                      allow_fetch=allow_fetch, any_model=any_model)
@@ -50,8 +52,25 @@ def serve(load: Callable[[], Any], model_id: str, defaults: Options, host: str =
         server.run()
     except KeyboardInterrupt:  # uvicorn raises the caught signal again once it has shut down
         pass
+    except SystemExit:  # uvicorn's own exit where it could not start (it logged why)
+        if server.started:
+            raise
+        raise SettingsError(f"the server could not start on {host}:{port} (uvicorn's message is above)") from None
     finally:
         worker.close()
     if worker.broken_group:
         raise GroupError(f"{worker.down}; rank 0 ends, so that the other ranks, which may wait for it in a "
                          "collective, end too")
+
+
+def check_listening(host: str, port: int) -> None:
+    """A SettingsError naming why the server could not listen on host:port (a name that does not
+    resolve, an address of no interface here, a port taken), found by binding it for a moment
+    (with SO_REUSEADDR, as uvicorn binds)."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
