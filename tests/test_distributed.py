@@ -404,3 +404,54 @@ def test_splitting_experts_a_model_does_not_have_is_refused(checkpoints, monkeyp
 
     with pytest.raises(LoadError, match="has no experts to split: .*for a mixture of experts, such as 26b-a4b"):
         loading._load("someone/dense", None, None, None, 8192, False, False, FAMILIES, Lockstep(RankZeroOf(2)), "split")
+
+
+@pytest.mark.parametrize("extra", [["--draft-tokens", "4"], ["--prompt", "something else"]])
+def test_ranks_given_other_flags_are_refused_not_left_waiting(checkpoints, extra):
+    """Rank 1 given another draft length, or another prompt, than rank 0: the ranks ran other
+    cycles and waited on each other's collectives for ever (found by a review). Every rank now
+    ends at once, naming the fault. (The checkpoints' folders may differ: they lie elsewhere on
+    each host.)"""
+    results = by_hand([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]),
+                       "--drafter", str(checkpoints["assistant"]), "--prompt", "hi", "-m", "4", "--draft-tokens", "2"],
+                      extra={1: extra}, timeout=90)
+    for rank in (0, 1):
+        assert results[rank].returncode == 1, results[rank].stderr[-2000:]
+        assert results[rank].stderr.startswith("mlx-spec: the ranks of the group were not started alike: their flags "
+                                               "differ from"), results[rank].stderr[-2000:]
+    assert "from those of rank 1" in results[1].stderr and "from rank 0's" in results[0].stderr
+
+
+def test_a_host_file_that_does_not_parse_is_one_line():
+    """Ranks started by hand read MLX_HOSTFILE themselves: a file that is not JSON was MLX's
+    traceback, and a port taken read "the group lost a rank" (found by a review)."""
+    hostfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlx-spec-bad-hosts-{os.getpid()}.json"
+    hostfile.write_text("not json")
+    try:
+        out = subprocess.run([sys.executable, "-c", "from mlx_spec.decoding.lockstep import launched_group\n"
+                              "from mlx_spec.errors import GroupError\n"
+                              "try:\n    launched_group()\nexcept GroupError as e:\n    print(e)"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**ENV, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": "0", "MLX_SPEC_GROUP_TIMEOUT": "20"})
+    finally:
+        hostfile.unlink()
+    assert out.returncode == 0 and out.stdout.startswith("rank 0 could not join its group: "), out.stdout + out.stderr
+
+
+def test_the_watch_ends_with_its_rank():
+    """A rank ended while it waits for the others (mlx.launch ends one by SIGTERM, which runs no
+    `finally`) left its watch behind, which later printed its message and signalled the rank's
+    old process id (found by a review). The watch now ends with its rank."""
+    ports = free_ports(2)
+    hostfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlx-spec-hosts-{ports}.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{ports}"], [f"127.0.0.1:{ports + 1}"]]))
+    try:
+        rank = subprocess.Popen([sys.executable, "-c", "from mlx_spec.decoding.lockstep import launched_group\n"
+                                 "launched_group()"], stderr=subprocess.PIPE, text=True,
+                                env={**ENV, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": "0", "MLX_SPEC_GROUP_TIMEOUT": "6"})
+        time.sleep(2)
+        rank.terminate()
+        _, err = rank.communicate(timeout=30)  # (the pipe ends when the rank and its watch have both ended)
+    finally:
+        hostfile.unlink()
+    assert "could not reach the other ranks" not in err, err

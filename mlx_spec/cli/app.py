@@ -11,7 +11,7 @@ import click
 from ..decoding.lockstep import launched_group, lost_peer
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
-from .flags import flag_options, load_engine, memory_settings, model_options
+from .flags import command_flags, flag_options, load_engine, memory_settings, model_options
 from .group import UNSHARED, follow_quietly, group_faults, shared_file
 from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
@@ -124,8 +124,8 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     if max_batch < 1:
         raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
     group = launched_group()
-    settings = memory_settings()  # here: the click context belongs to this thread
-    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings, group)  # noqa: E731
+    settings, flags = memory_settings(), command_flags()  # here: the click context belongs to this thread
+    load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings, group, flags)  # noqa: E731
     if group is not None and group.rank() != 0:  # rank 0 serves; this rank runs what its scheduler admits
         follow_group(load(), int(cache_gb * 1e9))
     from ..server import (

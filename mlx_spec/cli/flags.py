@@ -64,15 +64,26 @@ def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_
                    thinking=thinking, stop=tuple(stop), image_tokens=int(image_tokens) if image_tokens else None)
 
 
-def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None, group=None):
+def load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, load_settings=None, group=None, flags=None):
     """The engine, with --context and --force as the command line gave them (`load_settings`,
     read from the click context unless given: `serve` loads on another thread), split over
-    `group` (decoding/lockstep.py: `launched_group`) if one is given."""
+    `group` (decoding/lockstep.py: `launched_group`) if one is given, whose ranks must have been
+    given the same `flags` (`command_flags`; read from the click context unless given)."""
     from ..loading import load
 
     bits = int(drafter_bits) if drafter_bits else None
     settings = load_settings if load_settings is not None else memory_settings()
-    return load(model, None if no_mtp else drafter, bits, drafter_mode, group=group, **settings)
+    engine = load(model, None if no_mtp else drafter, bits, drafter_mode, group=group, **settings)
+    if group is not None:
+        engine.lockstep.agree("their flags", flags if flags is not None else command_flags())
+    return engine
+
+
+def command_flags() -> str:
+    """The command's flags (its prompt too), but the checkpoints' folders, which may lie
+    elsewhere on each host: what every rank of a group must be given alike."""
+    params = {k: v for k, v in click.get_current_context().params.items() if k not in ("model", "drafter")}
+    return repr(sorted({**params, **memory_settings()}.items()))
 
 
 def memory_settings() -> dict:

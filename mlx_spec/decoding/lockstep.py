@@ -15,6 +15,7 @@ from the tokens and the logits, which the all-reduces make the same on every ran
 """
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -24,6 +25,8 @@ from typing import Any, Optional
 
 import mlx.core as mx
 import numpy as np
+
+from ..errors import GroupError
 
 
 class Lockstep:
@@ -101,6 +104,20 @@ class Lockstep:
             return value
         return mx.distributed.all_min(mx.array([value], dtype=mx.float32), group=self.group, stream=mx.cpu).item()
 
+    def agree(self, what: str, value: str) -> None:
+        """A GroupError on every rank unless every rank's `value` is rank 0's: `what` (a run's
+        settings and prompt) given otherwise to one rank would make it run other cycles, and the
+        ranks would wait on each other's collectives for ever."""
+        if self.size == 1:
+            return
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+        mine = [float(int.from_bytes(digest[i : i + 3], "little")) for i in (0, 3, 6)]  # (exact in a float32)
+        same = self._from_leader(mine) == mine
+        if self.least(1.0 if same else 0.0) < 1:
+            which = "rank 0's" if same else f"those of rank {self.rank}"
+            raise GroupError(f"the ranks of the group were not started alike: {what} differ from {which} (give every "
+                             "rank the same command)")
+
     def describe(self) -> dict:
         """The group as `--json` and /health report it."""
         return {"size": self.size, "rank": self.rank}
@@ -133,6 +150,8 @@ def launched_group(timeout: Optional[float] = None):
     watch = subprocess.Popen([sys.executable, "-c", WATCH, str(os.getpid()), str(timeout), message])
     try:
         group = join()
+    except RuntimeError as e:  # a host file that does not parse, a port taken, a rank past the group
+        raise GroupError(f"rank {os.environ.get('MLX_RANK', '?')} could not join its group: {e}") from None
     finally:
         watch.kill()
         watch.wait()
@@ -157,9 +176,17 @@ RETRY_PAUSE = 1.0  # seconds between two tries at joining the group
 # Set by mlx.launch in every process it starts (ring and jaccl; MPI's own for mpi).
 LAUNCHED = ("MLX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # The watch: the rank's process is ended, with the message, if it is still there after the time.
+# It ends with the rank (a rank ended otherwise, as mlx.launch ends one by SIGTERM, runs no
+# `finally`): it is the rank's child for as long as the rank lives, and never signals another
+# process that took the rank's id.
 WATCH = """import os, sys, time
 pid, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-time.sleep(timeout)
-print(message, file=sys.stderr, flush=True)
-os.kill(pid, 9)
+deadline = time.monotonic() + timeout
+while time.monotonic() < deadline:
+    if os.getppid() != pid:
+        sys.exit(0)
+    time.sleep(0.2)
+if os.getppid() == pid:
+    print(message, file=sys.stderr, flush=True)
+    os.kill(pid, 9)
 """
