@@ -255,6 +255,12 @@ def test_an_answer_past_the_context_says_how_much_fits(checkpoints):
         r"generated\n", out.stderr), out.stderr
 
 
+def test_python_dash_m_mlx_spec_is_the_command():
+    """`python -m mlx_spec` said "cannot be directly executed" (found by a review)."""
+    out = run([sys.executable, "-m", "mlx_spec", "--help"])
+    assert out.returncode == 0 and "chat" in out.stdout and "serve" in out.stdout, out.stderr
+
+
 def test_messages_to_a_checkpoint_without_a_chat_template(no_template):
     model = [sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(no_template), "--no-mtp", "-m", "3"]
     out = run([*model, "--prompt", "Hello"])
