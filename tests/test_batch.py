@@ -14,6 +14,7 @@ import tiny
 from scripted import modelled_step_times
 from mlx_spec.decoding.prompt_cache import PromptCache
 from mlx_spec.decoding.reports import WAITING
+from mlx_spec.models.cache import FullCache
 from mlx_spec.generation import Generation
 from mlx_spec.options import Options
 from mlx_spec.sampling.settings import SamplingSettings
@@ -223,6 +224,33 @@ def test_arrivals_and_departures_mid_prompt_and_mid_answer(engine):
         assert again.tokens == engine.generate(follow, max_tokens=5).tokens
         held = 1024 + 1 if i == 4 else len(prompt) + len(clients[i].tokens)
         assert again.stats.prompt_reused >= held - 1, i
+
+
+def test_the_batch_s_k_v_narrows_when_its_widest_row_leaves(engine):
+    """A short conversation beside a long one: once the long one left, the short row kept the
+    buffers as wide as the long one's, and went back to the prompt cache holding them all
+    (found by a review; admission counts the rows' own lengths). The buffers narrow to what the
+    rows left need, and each sequence goes back as wide as its own K/V. Answers stay solo."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(5, tiny.VOCAB) for _ in range(n)] for n in (1300, 40)]
+    options = [Options(max_tokens=3), Options(max_tokens=60)]
+    solo = [engine.generate(p, o).tokens for p, o in zip(prompts, options)]
+    cache = PromptCache(engine.target, 10**9)
+    clients = [Client(engine, p, o, cache) for p, o in zip(prompts, options)]
+    together = Together(engine)
+    for client in clients:
+        together.add(client.make(together), client.emit, client.stopped)
+    widths = []
+    while together.busy:
+        together.turn()
+        rows = together.batch.caches
+        widths.append((len(rows), rows.capacity if len(rows) else 0))
+    assert [c.tokens for c in clients] == solo
+    assert max(width for rows, width in widths if rows == 2) > 1300
+    assert max(width for rows, width in widths[widths.index(max(widths)) :] if rows == 1) <= 512
+    short = cache.take(prompts[1] + solo[1], [])[0]
+    full = [c for c in short.cache if isinstance(c, FullCache)]
+    assert full and all(c.keys.shape[2] <= 512 for c in full)
 
 
 def test_a_reader_that_leaves_early_leaves_every_sequence_consistent(engine):

@@ -393,6 +393,25 @@ def test_a_turn_stopped_in_its_prompt_leaves_the_conversation_resumable(engine):
     assert answers[1] == answers[0] and answers[0][1] > 1000
 
 
+def test_a_conversation_resent_with_its_last_message_edited_resumes_the_turn_before(engine):
+    """An agent's conversation sent whole each turn, then again with its last message edited:
+    each turn's rewind into the last answer dropped the marks past it, so the edited one resumed
+    nothing and went through the model whole (found by a review). It resumes where the edited
+    turn began, and answers as a fresh one does."""
+    from mlx_spec import PromptCache
+
+    cache = PromptCache(engine.target, 10**9)
+    messages = [{"role": "user", "content": "alpha " * 150}]
+    for word in ("beta", "gamma"):
+        answer = engine.generate(messages, max_tokens=30, cache=cache)
+        messages += [{"role": "assistant", "content": answer.text}, {"role": "user", "content": (word + " ") * 150}]
+    engine.generate(messages, max_tokens=30, cache=cache)
+    edited = messages[:-1] + [{"role": "user", "content": "delta " * 150}]
+    again = engine.generate(edited, max_tokens=30, cache=cache)
+    assert again.stats.prompt_reused >= len(engine.encode(messages[:-2])) - 16, again.stats.prompt_reused
+    assert again.tokens == engine.generate(edited, max_tokens=30).tokens
+
+
 def test_tool_call_output_parses():
     call = '<|tool_call>call:get_current_time{city:<|"|>Taipei<|"|>}<tool_call|>'
     parsed = parse_tool_calls(f"Let me check. {call}")

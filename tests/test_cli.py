@@ -247,6 +247,17 @@ def test_serve_refuses_where_it_cannot_listen_before_it_loads(checkpoints, args,
     assert re.search(message, out.stderr)
 
 
+@pytest.mark.parametrize("value, message", [
+    ("nan", "--cache-gb must be a number of GB >= 0, got nan"),  # (a traceback: a review)
+    ("100000", r"the memory left for the requests' K/V cache is -[\d.]+ GB, beside the weights and 100000 GB of "
+               r"prompt cache: too little for any request \(lower --cache-gb\)"),  # (it served only 400s)
+])
+def test_serve_refuses_a_prompt_cache_that_leaves_no_room(checkpoints, value, message):
+    out = run(command(checkpoints, "serve", "--port", "0", "--cache-gb", value))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert re.search(message, out.stderr), out.stderr
+
+
 def test_an_answer_past_the_context_says_how_much_fits(checkpoints):
     """"prompt too long" for a prompt of 27 tokens: the answer asked for was (found by a review)."""
     out = run(command(checkpoints, "generate", "-m", "4096", "-p", "hi"))

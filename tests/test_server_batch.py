@@ -115,6 +115,22 @@ def test_a_request_that_could_never_fit_is_refused_by_name(checkpoints):
             assert "K/V cache" in refused.json()["error"]["message"]
             fits = http.post("/v1/chat/completions", json=dict(model="tiny", messages=ask("Hi"), max_tokens=8))
             assert fits.status_code == 200
+            # Messages and Responses take their max_tokens as a ceiling (Claude Code asks for
+            # 128,000 whatever the model): it was refused the same way (found by a review). The
+            # answer stops where memory ends, as where the context ends.
+            cut = http.post("/v1/messages", json=dict(model="tiny", messages=ask("Tell me a long story."),
+                                                      max_tokens=3000, x_report=True))
+            assert cut.status_code == 200, cut.text
+            body = cut.json()
+            usage = body["usage"]
+            positions = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["output_tokens"]
+            assert body["stop_reason"] == "max_tokens" and positions == worker.room.most_alone(4096), usage
+            here = load(str(checkpoints["text"]), str(checkpoints["assistant"]))  # (the worker's is its thread's)
+            alone = here.generate(ask("Tell me a long story."), max_tokens=usage["output_tokens"])
+            assert [t["token"] for t in body["x_tokens"]] == alone.tokens
+            responses = http.post("/v1/responses", json=dict(model="tiny", input="Tell me a long story.",
+                                                             max_output_tokens=3000))
+            assert responses.status_code == 200 and responses.json()["status"] == "incomplete", responses.text
     finally:
         worker.close()
 

@@ -119,8 +119,8 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
     them out."""
     defaults = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking,
                             image_tokens=image_tokens)
-    if cache_gb < 0:
-        raise SettingsError(f"--cache-gb must be >= 0, got {cache_gb}")
+    if not 0 <= cache_gb < float("inf"):  # (NaN too: a traceback where a byte count was made of it)
+        raise SettingsError(f"--cache-gb must be a number of GB >= 0, got {cache_gb}")
     if max_batch < 1:
         raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
     group = launched_group()

@@ -81,9 +81,10 @@ class Decoder:
         prompt and its answer fit the context is the request path's to check: generation.py.)
         `stop`: asked between prefill chunks (see `SequenceState.add_prompt`)."""
         held = state.rewind(tokens, spans)
-        if stop is not None and held and len(tokens) - held > self.prefill_chunk:
-            # A prompt stopped part way leaves the sliding caches past this point: marked, the
-            # next prompt (a chat's next turn, not this one) still resumes here.
+        if held and state.cached == held - 1:
+            # Marked where this prompt leaves the last one: a later prompt that leaves this one
+            # earlier (a message edited, a conversation forked, this prompt stopped part way)
+            # resumes here, not from the start (the rewind dropped the marks past this point).
             state.mark()
         self.add_tokens(state, tokens[held:], spans, stop)
         state.mark()

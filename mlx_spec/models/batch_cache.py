@@ -54,7 +54,7 @@ class BatchCaches:
         row may go back below the furthest position it wrote (a step's padding and rejected
         guesses, and the tokens a leaving reader did not take); `max_pass`: the most positions
         a pass writes. The rings hold a window, the drafter's extra position and both."""
-        self.windows, self.max_trim = windows, max_trim
+        self.windows, self.max_trim, self.max_pass = windows, max_trim, max_pass
         self.rings = [None if w is None else w + 1 + 2 * max_trim + max_pass for w in windows]
         self.keys: List[Optional[mx.array]] = [None] * len(windows)
         self.values: List[Optional[mx.array]] = [None] * len(windows)
@@ -122,11 +122,11 @@ class BatchCaches:
             k, v = self.keys[i][b : b + 1], self.values[i][b : b + 1]
             if ring is None:
                 c = FullCache()
-                if len(self.slots) == 1:  # the last row takes the buffers as they are
-                    c.keys, c.values = self.keys[i], self.values[i]
-                else:
-                    size = FullCache.step * -(-offset // FullCache.step)
-                    c.keys, c.values = k[..., :size, :] * 1, v[..., :size, :] * 1  # copies: the batch's buffer is dropped
+                size = FullCache.step * -(-offset // FullCache.step)
+                if len(self.slots) == 1 and k.shape[2] <= size + FullCache.step:
+                    c.keys, c.values = self.keys[i], self.values[i]  # the last row takes the buffers as they are
+                else:  # copies, as wide as its own K/V (not the widest row's the batch had): the buffer is dropped
+                    c.keys, c.values = k[..., :size, :] * 1, v[..., :size, :] * 1
                 c.offset = offset
             else:
                 c = next(sliding)
@@ -143,9 +143,15 @@ class BatchCaches:
                 c.furthest = offset if c.start == 0 else max(offset, c.start + c.draft_span + c.max_trim)
             out.append(c)
         keep = [r for r in range(len(self.slots)) if r != b]
-        for i in range(len(self.keys)):
-            self.keys[i] = self.keys[i][mx.array(keep)] if keep else None
-            self.values[i] = self.values[i][mx.array(keep)] if keep else None
+        # The rows left keep the full-attention buffers only as wide as the longest of them needs
+        # (a row that leaves may have been the widest: the batch's K/V would stay its width).
+        width = FullCache.step * -(-(max([self.offsets[r] for r in keep], default=0) + self.max_pass) // FullCache.step)
+        for i, ring in enumerate(self.rings):
+            k, v = self.keys[i], self.values[i]
+            if ring is None and keep and width < k.shape[2]:
+                k, v = k[..., :width, :], v[..., :width, :]
+            self.keys[i] = k[mx.array(keep)] if keep else None  # (a gather: a buffer of its own)
+            self.values[i] = v[mx.array(keep)] if keep else None
         del self.slots[b], self.offsets[b], self.furthest[b], self.oldest[b]
         for r, s in enumerate(self.slots):
             s.index = r

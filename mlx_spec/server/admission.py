@@ -49,6 +49,14 @@ class KVRoom:
     def fits_alone(self, positions: int) -> bool:
         return self.fits([positions])
 
+    def most_alone(self, at_most: int) -> int:
+        """The most positions, up to `at_most`, whose K/V one row fits in (0: none)."""
+        low, high = 0, at_most
+        while low < high:  # (the K/V grows with the positions)
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if self.fits_alone(middle) else (low, middle - 1)
+        return low
+
 
 def too_big(room: KVRoom, positions: int) -> str:
     """The words for a request whose K/V would not fit even alone."""

@@ -71,9 +71,11 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
     """The job for one request (see the module docstring). as_written: the text is the model's
     own (channel markers and labels kept, every channel), as a raw completion returns it."""
 
+    held = {"options": options}  # (`cap` may cut its answer before it runs)
+
     def work(engine, cache, stop: Callable[[], bool] = lambda: False, batch=None) -> Iterator[Any]:
-        answer = Generation(engine, prompt, options, tools=tools, cache=cache, as_written=as_written, stop=stop,
-                            batch=batch)
+        answer = Generation(engine, prompt, held["options"], tools=tools, cache=cache, as_written=as_written,
+                            stop=stop, batch=batch)
         reports = iter(answer)  # not begun until the first next(): closing it then does nothing
         try:
             try:
@@ -96,10 +98,23 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             answer.close()
 
     # The most positions the request's sequence may reach: what the worker's memory check counts.
-    work.positions = len(prompt.tokens if isinstance(prompt, Prepared) else prompt) + options.max_tokens
+    length = len(prompt.tokens if isinstance(prompt, Prepared) else prompt)
+    work.positions = length + options.max_tokens
+
+    def cap(positions: int) -> bool:
+        """Cut a ceiling's answer (max_tokens in the dialects that take it as one: an answer
+        stops where the context ends) where memory holds `positions` of K/V, as at the
+        context's end; False where that leaves it no token, or it asked for a length."""
+        if not options.fit_context or positions <= length:
+            return False
+        held["options"] = options.but(max_tokens=min(options.max_tokens, positions - length))
+        work.positions = length + held["options"].max_tokens
+        return True
+
+    work.cap = cap
     # What a group's other ranks need to make the same job: built only when sent (media arrays
     # are megabytes), on the model's thread; `sendable` says whether it can be.
-    work.request = lambda: as_request(prompt, options, tools, as_written)
+    work.request = lambda: as_request(prompt, held["options"], tools, as_written)
     work.sendable = options.drafter is None and isinstance(prompt, (Prepared, list))
     work.media_bytes = sum(a.nbytes for s in prompt.spans for a in s.item.arrays) if isinstance(prompt, Prepared) else 0
     return work

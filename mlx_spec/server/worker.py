@@ -32,6 +32,7 @@ from mlx_lm.generate import wired_limit
 
 from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
+from ..errors import LoadError
 from ..together import Together
 from .admission import KVRoom, too_big
 from .agreement import Agreement, group_fault
@@ -158,6 +159,10 @@ class Worker:
             self.engine = load()
             self.cache = PromptCache(self.engine.target, cache_bytes)
             self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
+            if kv_budget is None and not self.room.fits_alone(1):  # (every request would be a 400)
+                raise LoadError(f"the memory left for the requests' K/V cache is {self.room.budget / 1e9:.2f} GB, "
+                                f"beside the weights and {cache_bytes / 1e9:g} GB of prompt cache: too little for any "
+                                "request (lower --cache-gb)")
             self.agreement = Agreement(self.engine.lockstep)
             together = Together(self.engine, self._agree, fatal=group_fault(self.engine.lockstep))
         except BaseException as e:
@@ -250,6 +255,9 @@ class Worker:
             self._finish(job)
         while self.waiting:
             job = self.waiting[0]
+            cap = getattr(job.work, "cap", None)
+            if not self.room.fits_alone(job.positions) and cap and cap(self.room.most_alone(job.positions)):
+                job.positions = job.work.positions  # a ceiling's answer, cut where memory ends (generation.py)
             if not self.room.fits_alone(job.positions):
                 with self._lock:
                     self.waiting.popleft()
