@@ -252,8 +252,14 @@ def test_messages_stream_ends_as_the_plain_answer(an, model, prompt, tools, thin
 
 
 def without_ids(message):
+    """A message but its ids, and its usage's split of the prompt into cached and not (the
+    second of two requests may resume more of the first's sequence than the first did of
+    whatever came before it)."""
     out = message.model_dump(exclude={"id"})
     out["content"] = [{k: v for k, v in block.items() if k != "id"} for block in out["content"]]
+    usage = out.pop("usage")
+    out["prompt_tokens"] = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    out["output_tokens"] = usage["output_tokens"]
     return out
 
 
