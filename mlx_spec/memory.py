@@ -20,6 +20,11 @@ from .errors import LoadError
 from .models import FAMILIES, Checkpoint, Registry
 
 GB = 1e9
+
+
+def size_text(nbytes: float) -> str:
+    """A size for a message: in GB, or MB where GB would read 0.00 (a tiny model's K/V)."""
+    return f"{nbytes / GB:.2f} GB" if abs(nbytes) >= 0.01 * GB else f"{nbytes / 1e6:.2f} MB"
 DEFAULT_CONTEXT = 8192
 AUTO = "auto"  # the drafter: the one made for the target's size
 # What a sliding cache holds beyond its window after a long prompt (models/cache.py): the
@@ -75,6 +80,9 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
     None where the sizes cannot be known (offline and not downloaded yet). `ranks`: the target
     split over a group of that many processes, one rank's share (its family's `rank_share`)."""
     weights, config = _files_and_config(target, registry)
+    if config is not None:  # (a context past the model's own never holds more K/V than its own)
+        family = registry.family_for_config(config) or registry.default
+        context = min(context, family.context_of(config) or context)
     kv_cache = kv_cache_bytes(config, context, registry) if config is not None else None
     if weights is None or kv_cache is None:
         return None

@@ -24,6 +24,21 @@ def test_estimate_is_the_files_plus_the_kv_cache(checkpoints):
     assert estimate.kv_cache == memory.kv_cache_bytes(memory.read_config(checkpoints["text"] / "config.json"), 1024)
 
 
+def test_a_context_past_the_model_s_own_counts_the_model_s(checkpoints, monkeypatch):
+    """The tiny target attends over 4,096 positions: asked for ten million, the check counted
+    their K/V and refused a load on a machine with room for all the model can hold (found by a
+    review)."""
+    target = str(checkpoints["text"])
+    config = memory.read_config(checkpoints["text"] / "config.json")
+    own = config.get("text_config", config)["max_position_embeddings"]
+    at_own = memory.estimate(target, None, context=own)
+    past = memory.estimate(target, None, context=10_000_000)
+    assert (past.kv_cache, past.context) == (at_own.kv_cache, own)
+    assert "at 4096 tokens" in past.describe()
+    monkeypatch.setattr(memory, "available_bytes", lambda: at_own.total)
+    assert load(target, None, context=10_000_000).context_length == own
+
+
 @pytest.mark.parametrize("variant", ["e2b", "26b-a4b", "12b"])
 def test_kv_estimate_covers_the_real_cache(family, variant):
     """After a prompt of `context` tokens the caches hold at most the estimate, and not much less:

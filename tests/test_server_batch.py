@@ -112,9 +112,13 @@ def test_a_request_that_could_never_fit_is_refused_by_name(checkpoints):
         with TestClient(create_app(worker, "tiny", Options(max_tokens=8))) as http:
             refused = http.post("/v1/chat/completions", json=dict(model="tiny", messages=ask("Hi"), max_tokens=3000))
             assert refused.status_code == 400
-            assert "K/V cache" in refused.json()["error"]["message"]
+            message = refused.json()["error"]["message"]
+            # A tiny model's K/V is a few MB: in GB it read "0.00 GB" for both sizes (found by a review).
+            assert "K/V cache" in message and "0.00 GB" not in message and " MB" in message, message
             fits = http.post("/v1/chat/completions", json=dict(model="tiny", messages=ask("Hi"), max_tokens=8))
             assert fits.status_code == 200
+            health = http.get("/health").json()  # the refused request is no served one
+            assert (health["served"], health["refused"]) == (1, 1), health
             # Messages and Responses take their max_tokens as a ceiling (Claude Code asks for
             # 128,000 whatever the model): it was refused the same way (found by a review). The
             # answer stops where memory ends, as where the context ends.

@@ -18,7 +18,7 @@ def _remember(ctx, param, value):
 # Read by load_engine (through the click context) rather than passed to every command.
 load_options = [
     click.option("--context", type=click.IntRange(min=1), default=DEFAULT_CONTEXT, show_default=True, expose_value=False,
-                 callback=_remember, help="Tokens of context the memory check counts K/V cache for."),
+                 callback=_remember, help="Tokens of context the memory check counts K/V cache for (at most the model's own)."),
     click.option("--force", is_flag=True, expose_value=False, callback=_remember,
                  help="Load even where the memory check says the model does not fit."),
     click.option("--experts", type=click.Choice(["whole", "split"]), default="whole", show_default=True,

@@ -43,6 +43,9 @@ class Family:
     load_media: Optional[Callable[[Path, dict], Any]] = None
     # (config.json, context, positions a sliding cache holds past its window) -> K/V cache bytes.
     kv_cache_bytes: Optional[Callable[[Mapping[str, Any], int, int], Optional[int]]] = None
+    # (config.json) -> the positions a target attends over at most, or None where it does not say:
+    # the memory check counts no K/V past them, whatever context it is asked for.
+    context_of: Callable[[Mapping[str, Any]], Optional[int]] = lambda config: None
     # Tensor parallelism over a group of processes (mlx.core.distributed): (config.json, group
     # size, path, experts) -> a LoadError where the split is impossible, before any weight is
     # read; and (target, draft model or None, group, experts) -> both split in place. `experts`:

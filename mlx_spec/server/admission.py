@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 from mlx.utils import tree_flatten
 
-from ..memory import GB, available_bytes, kv_cache_bytes
+from ..memory import available_bytes, kv_cache_bytes, size_text
 
 # Memory kept free beside the weights, the K/V and the prompt cache: activations of a prefill
 # chunk, compiled graphs, the media towers' working memory.
@@ -61,6 +61,6 @@ class KVRoom:
 def too_big(room: KVRoom, positions: int) -> str:
     """The words for a request whose K/V would not fit even alone."""
     return (f"This request may reach {positions} positions, whose K/V cache would take "
-            f"{room.bytes_at(positions) / GB:.2f} GB, and this server has {max(room.budget, 0) / GB:.2f} GB for "
+            f"{size_text(room.bytes_at(positions))}, and this server has {size_text(max(room.budget, 0))} for "
             f"K/V beside its weights and prompt cache. Please reduce the length of the messages or max_tokens.")
 

@@ -33,6 +33,7 @@ from mlx_lm.generate import wired_limit
 from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
 from ..errors import LoadError
+from ..memory import size_text
 from ..together import Together
 from .admission import KVRoom, too_big
 from .agreement import Agreement, group_fault
@@ -96,6 +97,7 @@ class Worker:
         self.waiting: deque = deque()  # jobs taken off the queue, not admitted yet (no room)
         self.running: list = []
         self.served = 0
+        self.refused = 0  # jobs whose K/V could never fit (a 400 from the queue)
         self.dropped = 0  # jobs whose client left
         self.snapshot = {"rows": 0, "tokens_per_second": 0.0, "steps": 0}
         self.cache_info = {"sequences": 0, "bytes": 0}
@@ -126,7 +128,7 @@ class Worker:
             down = {"down": self.down} if self.down is not None else {}
             return {**down, "running": len(self.running), "waiting": len(self.waiting) + self.jobs.qsize(),
                     "max_batch": self.max_batch, "batch": dict(self.snapshot), "served": self.served,
-                    "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
+                    "refused": self.refused, "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
 
     def cancel_all(self) -> None:
         """Cancel the running jobs (at their next chunk or step) and every waiting one."""
@@ -160,7 +162,7 @@ class Worker:
             self.cache = PromptCache(self.engine.target, cache_bytes)
             self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
             if kv_budget is None and not self.room.fits_alone(1):  # (every request would be a 400)
-                raise LoadError(f"the memory left for the requests' K/V cache is {self.room.budget / 1e9:.2f} GB, "
+                raise LoadError(f"the memory left for the requests' K/V cache is {size_text(self.room.budget)}, "
                                 f"beside the weights and {cache_bytes / 1e9:g} GB of prompt cache: too little for any "
                                 "request (lower --cache-gb)")
             self.agreement = Agreement(self.engine.lockstep)
@@ -262,7 +264,7 @@ class Worker:
                 with self._lock:
                     self.waiting.popleft()
                 job.emit(APIError(400, too_big(self.room, job.positions), code="context_length_exceeded"))
-                self._finish(job)
+                self._finish(job, refused=True)
                 continue
             if len(self.running) >= self.max_batch or not self.room.fits([j.positions for j in self.running] + [job.positions]):
                 return
@@ -285,10 +287,12 @@ class Worker:
             self.snapshot = {"rows": rows, "tokens_per_second": rate, "steps": together.batch.steps}
             self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
 
-    def _finish(self, job: Job) -> None:
+    def _finish(self, job: Job, refused: bool = False) -> None:
+        """The job ended: answered (whole, cut or failed), or refused at admission."""
         with self._lock:
             if job in self.running:
                 self.running.remove(job)
-            self.served += 1
+            self.served += not refused
+            self.refused += refused
             self.dropped += job.cancelled.is_set()
         job.emit(END)

@@ -11,7 +11,7 @@ split over a group of processes.
 from ...media.loading import load_media
 from ..registry import Family
 from .chat_format import CHAT_FORMAT
-from .facts import kv_cache_bytes
+from .facts import context_of, kv_cache_bytes
 from .loader import (
     DRAFTER_TYPES,
     TARGET_TYPES,
@@ -36,6 +36,7 @@ FAMILY = Family(
     size_of=lambda target: size_of(vars(target.args)),
     load_media=load_media,
     kv_cache_bytes=kv_cache_bytes,
+    context_of=context_of,
     check_split=check_split,
     check_drafter_split=check_drafter_split,
     split=split_pair,

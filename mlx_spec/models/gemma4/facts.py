@@ -137,6 +137,14 @@ def head_dims(text) -> Dict[str, int]:
     return {SLIDING: text["head_dim"], FULL: text.get("global_head_dim") or text["head_dim"]}
 
 
+def context_of(config: Mapping[str, Any]) -> Optional[int]:
+    """The positions the target attends over at most (its text config's max_position_embeddings)."""
+    text = text_config(config)
+    if not isinstance(text, Mapping):
+        return None
+    return normalize_text_config(text).get("max_position_embeddings")
+
+
 def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) -> Optional[int]:
     """Bytes of a target's K/V cache at `context` tokens, from its config.json (or a published
     text config): the layers that compute K/V (K/V-shared layers hold none), a window and
