@@ -122,7 +122,10 @@ def _files_and_config(path_or_repo: str, registry: Registry) -> Tuple[Optional[i
     if folder is not None:
         sizes = [f.stat().st_size for f in folder.glob("model*.safetensors")]
         return (sum(sizes) if sizes else None), read_config(folder / "config.json")
-    return _hub_sizes(path_or_repo), _hub_config(path_or_repo, registry)
+    sizes = _hub_sizes(path_or_repo)
+    if sizes is None:  # (the estimate needs both; offline, the config's download retried for 25 s)
+        return None, None
+    return sizes, _hub_config(path_or_repo, registry)
 
 
 def read_config(file: Path) -> Optional[dict]:

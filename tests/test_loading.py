@@ -55,6 +55,25 @@ def test_mistyped_folder_that_looks_like_a_hub_id(monkeypatch):
         resolve("mlx/assistant-x", "drafter")
 
 
+def test_a_hub_id_with_the_hub_unreachable_fails_at_once(tmp_path):
+    """Not cached and no hub (here an endpoint nobody listens on, as on a plane): the command
+    said so after 25 s of huggingface_hub's retries of the config's download for the memory
+    check, five "Retrying in 8s" lines among them (found by a review). The check needs the
+    weights' sizes too, and their lookup failed at once: it now stops there."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
+    env.pop("HF_HUB_OFFLINE", None)
+    done = subprocess.run([sys.executable, "-m", "mlx_spec", "generate", "--model", "someorg/not-here", "-p", "hi"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Retrying" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "mlx-spec: target someorg/not-here: no such folder; as a hub repo it is not in the local cache either, "
+        "and the hub cannot be reached (offline?)"), done.stderr
+
+
 def test_hub_repo_that_does_not_exist(monkeypatch):
     from unittest.mock import Mock
 
