@@ -275,12 +275,21 @@ def test_joining_tries_again_with_a_pause_and_raises_other_failures(monkeypatch)
         lockstep.join()
 
 
-def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints):
-    """Rank 1's memory check refuses (its command asks for a context no machine holds): it says
-    why, and rank 0 stops too, naming rank 1, instead of waiting for it at the first collective."""
+def test_a_rank_that_cannot_load_its_share_stops_every_rank(checkpoints, tmp_path):
+    """Rank 1's memory check refuses (its command asks for a context no machine holds, of a copy
+    of the target whose config allows it: the check counts no more than the model's own): it
+    says why, and rank 0 stops too, naming rank 1, instead of waiting for it at the first
+    collective."""
+    long = tmp_path / "long-context"
+    long.mkdir()
+    for item in checkpoints["text"].iterdir():
+        (long / item.name).symlink_to(item)
+    config = json.loads((checkpoints["text"] / "config.json").read_text())
+    (long / "config.json").unlink()
+    (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2_000_000_000}))
     results = by_hand([sys.executable, "-m", "mlx_spec.cli", "generate", "--model", str(checkpoints["text"]),
                        "--drafter", str(checkpoints["assistant"]), "--prompt", "hi", "-m", "4"],
-                      extra={1: ["--context", "2000000000"]}, timeout=90)
+                      extra={1: ["--model", str(long), "--context", "2000000000"]}, timeout=90)
     assert results[1].returncode == 1 and "needs about" in results[1].stderr, results[1].stderr[-2000:]
     assert results[0].returncode == 1, results[0].stderr[-2000:]
     assert "rank 1 of the group of 2 could not load its share" in results[0].stderr
