@@ -54,12 +54,13 @@ class ChatSession:
         self.options = options.but(fit_context=True)
         self._check(self.options)
         self.last_result = None  # the GenerationResult of the last answer
+        self._open_turn: Optional[Iterator[TokenReport]] = None  # a turn whose stream was left open
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt and tools stay)."""
-        self._end_turn(getattr(self, "_open_turn", None))  # (before the history it would add to goes)
-        self._open_turn: Optional[Iterator[TokenReport]] = None
+        self._end_turn(self._open_turn)  # (before the history it would add to goes)
+        self._open_turn = None
         self.messages: List[Message] = []
         if self.system_prompt:
             self.messages.append({"role": "system", "content": self.system_prompt})
