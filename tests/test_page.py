@@ -159,3 +159,84 @@ def test_the_page_shows_a_thought_and_tool_calls_as_calls(server, browser, check
     assert history[1]["content"] == "Let me check."
     assert history[1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"city": "Taipei"}'}
     assert "index" not in history[1]["tool_calls"][0]
+
+
+def record_requests(browser):
+    """Keep each chat request's body the page sends (window.sent), passing it on to the server."""
+    browser.execute_script("""
+        const real = window.fetch;
+        window.sent = [];
+        window.fetch = (url, options) => {
+          if (String(url).includes("/chat/completions")) window.sent.push(JSON.parse(options.body));
+          return real(url, options);
+        };""")
+
+
+def open_page(browser, server, max_tokens):
+    browser.get(server.url + "/")
+    WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "model").text)
+    limit = browser.find_element(By.ID, "max_tokens")
+    limit.clear()
+    limit.send_keys(str(max_tokens))
+    record_requests(browser)
+
+
+def test_a_refused_message_is_shown_once_and_not_sent_again(server, browser, checkpoints, tmp_path):
+    """An image sent to a text-only model is refused with a 400, which the page shows. It also
+    kept the refused turn (and an empty answer) in the conversation and sent it with every later
+    message, each refused the same way until "New chat" (found by a review)."""
+    from test_server_media import png_bytes
+
+    (tmp_path / "cat.png").write_bytes(png_bytes(1))
+    open_page(browser, server, 8)
+    browser.find_element(By.ID, "attach").send_keys(str(tmp_path / "cat.png"))
+    browser.find_element(By.ID, "prompt").send_keys("What is this?")
+    browser.find_element(By.ID, "send").click()
+    WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant .error")
+                                     and b.find_element(By.ID, "send").is_displayed())
+    assert "image" in browser.find_element(By.CSS_SELECTOR, ".msg.assistant .error").text
+    answer = send(browser, QUESTION)
+    asked = [{"role": "user", "content": QUESTION}]
+    assert browser.execute_script("return window.sent")[-1]["messages"] == asked
+    expected = load(str(checkpoints["text"]), str(checkpoints["assistant"])).generate(asked, max_tokens=8)
+    shown = [s.token for s in expected.steps if s.text and s.channel == "answer"]
+    assert [int(t.get_attribute("data-id")) for t in answer.find_elements(By.CSS_SELECTOR, ".body > .tok")] == shown
+
+
+def test_new_chat_during_an_answer_ends_it_and_starts_empty(server, browser):
+    """"New chat" while an answer streams: the answer went on, on the server for nobody, and
+    once it ended it was pushed into the new conversation, sent with its first message (found
+    by a review). Now the answer is stopped (its client leaves: /health's dropped), and the
+    new conversation holds only its own messages."""
+    import time
+
+    open_page(browser, server, 2000)  # (the tiny model's answer runs about 2,000 tokens)
+    dropped = server.health()["dropped"]
+    browser.find_element(By.ID, "prompt").send_keys("Tell me a long story.")
+    browser.find_element(By.ID, "send").click()
+    WebDriverWait(browser, 60).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".tok")) >= 5)
+    browser.find_element(By.ID, "reset").click()
+    WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "send").is_displayed())
+    assert browser.execute_script("return messages") == []
+    deadline = time.monotonic() + 60
+    while server.health()["dropped"] == dropped and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.health()["dropped"] == dropped + 1
+    limit = browser.find_element(By.ID, "max_tokens")
+    limit.clear()
+    limit.send_keys("8")
+    send(browser, QUESTION)
+    assert browser.execute_script("return window.sent")[-1]["messages"] == [{"role": "user", "content": QUESTION}]
+
+
+def test_a_bidirectional_control_in_a_token_is_shown_not_obeyed(server, browser):
+    """A token holding U+202E (right-to-left override) reversed every token after it on screen,
+    each coloured box over other tokens' characters (found by a review). It is shown as its code
+    point, and the tokens after it read as written."""
+    open_page(browser, server, 8)
+    text = browser.execute_script("""
+        const answer = new Answer();
+        ["The total is ", "\\u202e", "100", " dollars."].forEach((t, i) =>
+          answer.add({token: i, text: t, prob: 0.5, channel: "answer"}, {content: t}));
+        return Array.from(answer.body.querySelectorAll(".tok")).map((s) => s.textContent).join("");""")
+    assert text == "The total is \u27e6U+202E\u27e7100 dollars."

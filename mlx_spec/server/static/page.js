@@ -27,6 +27,10 @@ function colour(p) {
   return `hsl(${Math.round(120 * Math.max(0, Math.min(1, p)))}, 75%, 82%)`;
 }
 
+// Bidirectional controls shown as their code points: one in a token (U+202E, say) would reorder
+// every token after it on screen, each coloured box over another token's characters.
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const shown = (text) => text.replace(BIDI_CONTROLS, (c) => `\u27e6U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}\u27e7`);
 const pct = (p) => (p === null || p === undefined ? "–" : (100 * p).toFixed(p >= 0.995 || p < 0.001 ? 2 : 1) + " %");
 
 // -- settings --------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ class Answer {
 
   add(report, delta) {
     if (report.stop || !report.text) return;
-    const span = el("span", "tok" + (report.drafted ? " kept" : ""), report.text);
+    const span = el("span", "tok" + (report.drafted ? " kept" : ""), shown(report.text));
     span.style.background = colour(report.prob ?? 1);
     span.report = report;
     span.dataset.id = report.token;
@@ -188,9 +192,14 @@ function contentParts(text, items) {
 
 async function send(text, items) {
   const answer = new Answer();
-  messages.push({ role: "user", content: items.length ? contentParts(text, items) : text });
+  // The turn joins the conversation it began in only once answered (or stopped): a refused one
+  // (an image a text-only model cannot read, a context too long) is shown, never sent again, and
+  // "New chat" during the answer leaves the new conversation empty.
+  const conversation = messages;
+  const asked = { role: "user", content: items.length ? contentParts(text, items) : text };
+  let failed = false;
   const request = {
-    model, messages, stream: true, stream_options: { include_usage: true }, x_report: true,
+    model, messages: conversation.concat([asked]), stream: true, stream_options: { include_usage: true }, x_report: true,
     mtp: $("mtp").checked ? undefined : false, thinking: $("thinking").checked,
     temperature: number("temperature"), top_k: number("top_k"), top_p: number("top_p"),
     max_tokens: number("max_tokens"),
@@ -216,11 +225,12 @@ async function send(text, items) {
       if (choice.finish_reason) finish = choice.finish_reason;
     }
   } catch (e) {
-    answer.error(e.name === "AbortError" ? "[stopped]" : String(e.message || e));
+    failed = e.name !== "AbortError";
+    answer.error(failed ? String(e.message || e) : "[stopped]");
   } finally {
     const reply = { role: "assistant", content: answer.text };
     if (answer.calls.length) reply.tool_calls = answer.calls.map(({ index, ...call }) => call);
-    messages.push(reply);
+    if (!failed) conversation.push(asked, reply);
     controller = null;
     setBusy(false);
   }
@@ -264,7 +274,7 @@ function showDetails(span) {
   const box = $("details");
   box.replaceChildren();
   const title = el("div");
-  title.append(el("span", "piece", r.piece ?? r.text), ` id ${r.token}`);
+  title.append(el("span", "piece", shown(r.piece ?? r.text)), ` id ${r.token}`);
   box.append(title);
   const rows = [
     ["probability", pct(r.prob)], ["rank", r.rank ?? "–"], ["sampling probability", pct(r.sampling_prob)],
@@ -282,7 +292,7 @@ function showDetails(span) {
   for (const t of r.top || []) {
     const tr = el("tr");
     const piece = el("td");
-    piece.append(el("span", "piece", t.text ?? String(t.id)));
+    piece.append(el("span", "piece", shown(t.text ?? String(t.id))));
     tr.append(piece, el("td", "p", pct(t.prob)));
     top.append(tr);
   }
@@ -349,6 +359,7 @@ $("prompt").addEventListener("keydown", (e) => {
 });
 $("stop").addEventListener("click", () => controller && controller.abort());
 $("reset").addEventListener("click", () => {
+  if (controller) controller.abort();  // (the answer's row ends on the server too)
   messages = [];
   $("log").replaceChildren();
   hideDetails();
