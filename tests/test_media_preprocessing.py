@@ -78,6 +78,31 @@ def test_the_12b_patches_equal_transformers_torchvision_processor(torchvision_pa
             assert (their_positions[n:] == -1).all()  # the rest is transformers' padding
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])  # (P: a palette without transparency, as transformers reads it)
+def test_a_transparent_image_is_over_white_as_transformers_takes_it(mode, tmp_path):
+    """A PIL image with transparency, given as it is: transformers' processor puts it over white;
+    ours dropped the alpha, so its transparent half was black (found by a review: dark text on a
+    transparent background became black on black). From a file, both drop the alpha
+    (transformers' `load_image`)."""
+    from transformers.image_utils import load_image
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    pixels = np.zeros((96, 128, 4), np.uint8)
+    pixels[:, :64] = (200, 30, 30, 255)
+    pixels[:, 64:, 3] = 0  # transparent black
+    image = Image.fromarray(pixels, "RGBA")
+    image = image if mode == "RGBA" else image.convert(mode)
+    processor = Gemma4ImageProcessorPil(max_soft_tokens=70)
+    expected = processor(image, return_tensors="np")["pixel_values"][0]
+    ours = image_patches(image, max_soft_tokens=70).pixels
+    assert np.array_equal(ours, expected[: ours.shape[0]])
+    assert (ours.max() == 1.0) == (mode != "P")  # the transparent half over white
+    path = tmp_path / "t.png"
+    image.save(path)
+    from_file = processor(load_image(str(path)), return_tensors="np")["pixel_values"][0]
+    assert np.array_equal(image_patches(path, max_soft_tokens=70).pixels, from_file[: ours.shape[0]])
+
+
 def test_images_from_every_source_are_the_same_image(tmp_path):
     image = picture(120, 90)
     path = tmp_path / "p.png"

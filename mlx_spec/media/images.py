@@ -58,6 +58,11 @@ def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
         image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise MediaError(f"not an image Pillow can read ({e})") from None
+    if isinstance(source, Image.Image) and ("A" in image.getbands() or image.info.get("transparency") is not None):
+        # As transformers' processors take a PIL image with transparency (`convert_to_rgb`): over
+        # white, so that dark text on a transparent background stays readable. A file's or an
+        # array's alpha is dropped, as its `load_image` drops it.
+        return Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255)), image.convert("RGBA")).convert("RGB")
     return image.convert("RGB")
 
 
