@@ -325,3 +325,19 @@ def test_a_file_too_big_for_a_group_to_share_says_so(tmp_path):
     rank_0 = SimpleNamespace(lockstep=SimpleNamespace(leader=True, data=lambda data: data))
     with pytest.raises(SettingsError, match=r"big.png: rank 0 of the group cannot read this file, or it is over 1 GiB"):
         read_by_rank_0(rank_0, str(big))
+
+
+def test_a_bad_image_file_is_named_by_its_flag_and_path(multimodal, tmp_path):
+    """An --image that is no image, or an /image in the chat, was named by its place in the
+    message the command builds (messages[0].content[1]): with several files, which one? It is
+    named as the user gave it."""
+    good, bad = tmp_path / "good.png", tmp_path / "notes.png"
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(good)
+    bad.write_text("not an image")
+    out = run(command(multimodal, "generate", "--image", str(good), "--image", str(bad), "-p", "What?"))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith(f"mlx-spec: --image {bad}: not an image Pillow can read"), out.stderr
+    chat = run(command(multimodal, "chat", "--max-tokens", "4"), f"/image {bad}\nWhat is it?\n/quit\n")
+    assert f"/image {bad}: not an image Pillow can read" in chat.stdout + chat.stderr, chat.stdout + chat.stderr

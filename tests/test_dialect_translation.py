@@ -5,6 +5,7 @@ refusals of what exact decoding cannot honour. (The routes end to end: test_dial
 import pytest
 from pydantic import ValidationError
 
+from mlx_spec.media.prompt import PLACE
 from mlx_spec.server.messages_api import CountTokens, CreateMessage
 from mlx_spec.server.responses_api import ResponsesRequest
 
@@ -130,7 +131,9 @@ def test_a_tool_use_turn_and_its_results_become_calls_and_tool_messages():
 def test_images_come_as_image_parts():
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "AAAA"}}
     chat = CreateMessage.model_validate(claude_request(messages=[{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}])).to_chat()
-    assert chat.messages[-1]["content"][0] == {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAAA"}}
+    # (an error in it names the client's own place: the media module's PLACE)
+    assert chat.messages[-1]["content"][0] == {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAAA"},
+                                               PLACE: "messages[0].content[0]"}
 
 
 @pytest.mark.parametrize("fields, words", [
@@ -180,7 +183,8 @@ def test_a_tool_result_s_image_follows_the_tool_messages_as_a_user_image():
     first, second, shown = chat.messages[-3:]
     assert first == {"role": "tool", "tool_call_id": "t1", "content": ""}
     assert second == {"role": "tool", "tool_call_id": "t2", "content": "hi"}
-    assert shown == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    assert shown == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"},
+                                                  PLACE: "messages[2].content[0].content[0]"}]}
 
 
 def test_a_function_call_output_s_image_follows_the_outputs_as_a_user_image():
@@ -196,7 +200,8 @@ def test_a_function_call_output_s_image_follows_the_outputs_as_a_user_image():
     chat, _ = ResponsesRequest.model_validate(codex_request(input=turn)).to_chat()
     assert [m["role"] for m in chat.messages[-5:]] == ["assistant", "tool", "tool", "user", "user"]
     assert chat.messages[-4]["content"] == "a.png" and chat.messages[-3]["content"] == "README.md"
-    assert chat.messages[-2]["content"] == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    place = f"input[{len(turn) - 3}].output[1]"
+    assert chat.messages[-2]["content"] == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, PLACE: place}]
 
 
 def test_a_thought_without_a_call_stays_in_its_own_turn():

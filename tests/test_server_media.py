@@ -112,6 +112,27 @@ def test_bad_media_get_a_clear_4xx_and_the_server_stays_healthy(server, client, 
     assert client.chat.completions.create(model="12b", messages=ask(text="Hi"), max_tokens=3).choices
 
 
+@pytest.mark.parametrize("image, place", [("data:image/png;base64,###", "not valid base64"),
+                                          ("https://example.com/a.png", "--allow-fetch")])
+def test_a_bad_image_in_an_agent_dialect_names_the_client_s_own_place(server, image, place):
+    """Messages' system prompt and Responses' instructions become a chat message before the
+    client's: a bad image in the client's messages[0] or input[1] was named messages[1] or
+    messages[2], places the client never wrote (found by a review)."""
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": image.split(",")[1]}
+             if image.startswith("data:") else {"type": "url", "url": image}}
+    claude = httpx.post(server.url + "/v1/messages", timeout=60, json={
+        "model": "12b", "max_tokens": 4, "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What?"}, block]}]})
+    assert claude.status_code == 400 and claude.json()["error"]["message"].startswith("messages[0].content[1]: "), claude.text
+    assert place in claude.json()["error"]["message"]
+    codex = httpx.post(server.url + "/v1/responses", timeout=60, json={
+        "model": "12b", "max_output_tokens": 4, "instructions": "Be brief.", "input": [
+            {"role": "user", "content": "Hi"},
+            {"role": "user", "content": [{"type": "input_text", "text": "What?"}, {"type": "input_image", "image_url": image}]}]})
+    assert codex.status_code == 400 and codex.json()["error"]["message"].startswith("input[1].content[1]: "), codex.text
+    assert place in codex.json()["error"]["message"]
+
+
 def test_too_many_image_tokens_for_the_context_is_a_400(server):
     big = np.zeros((2000, 2000, 3), np.uint8)
     out = io.BytesIO()

@@ -62,10 +62,11 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
     prompt = as_utf8(prompt)
     engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=group)
     prints = follow_quietly(engine)
+    places = [f"--image {path}" for path in images] + [f"--audio {path}" for path in clips]
     if engine.lockstep.size > 1:  # rank 0 reads the files, and every rank takes its bytes
         images, clips = ([read_by_rank_0(engine, path) for path in paths] for paths in (images, clips))
     messages: List[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    request = prompt if raw else messages + [{"role": "user", "content": media_parts(images, clips) + [
+    request = prompt if raw else messages + [{"role": "user", "content": media_parts(images, clips, places) + [
         {"type": "text", "text": prompt}]}]
     printer = TokenPrinter(False, sys.stdout.isatty())
     with group_faults(engine):

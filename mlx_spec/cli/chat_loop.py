@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence, Union
 import click
 
 from ..errors import MediaError, PromptStopped, SettingsError
+from ..media.prompt import PLACE
 from .group import UNSHARED, shared_file
 from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
@@ -21,9 +22,13 @@ HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
 /thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
 
 
-def media_parts(images: Sequence[Union[str, bytes]] = (), clips: Sequence[Union[str, bytes]] = ()) -> List[dict]:
-    """Content parts for image and audio files (their paths, or their bytes), images first."""
-    return [{"type": "image", "image": p} for p in images] + [{"type": "audio", "audio": p} for p in clips]
+def media_parts(images: Sequence[Union[str, bytes]] = (), clips: Sequence[Union[str, bytes]] = (),
+                places: Sequence[str] = ()) -> List[dict]:
+    """Content parts for image and audio files (their paths, or their bytes), images first.
+    `places`: what errors call each (the flag and the path as given; by default its place in
+    the message, as messages[0].content[1])."""
+    parts = [{"type": "image", "image": p} for p in images] + [{"type": "audio", "audio": p} for p in clips]
+    return [{**part, PLACE: place} for part, place in zip(parts, places)] + parts[len(places):]
 
 
 def run_chat(engine, session, show_probs: bool) -> None:
@@ -102,7 +107,8 @@ def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
         if value is None:
             click.echo(f"[{path}: {UNSHARED if lockstep.size > 1 else 'no such file'}]")
             return
-        attached.extend(media_parts([value]) if name == "/image" else media_parts((), [value]))
+        places = [f"{name} {parts[1].strip()}"]
+        attached.extend(media_parts([value], (), places) if name == "/image" else media_parts((), [value], places))
         click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")
     elif name == "/reset":
         session.reset()

@@ -68,7 +68,7 @@ def split_media(messages: Sequence[Message], allow_files: bool = True) -> Tuple[
             if kind is None:
                 parts.append(part)
                 continue
-            where = f"messages[{i}].content[{j}]"
+            where = part_place(part, i, j)
             sources.append(MediaSource(kind, _value(part, kind, where, allow_files), where))
             parts.append({"type": kind})
         out.append({**message, "content": parts})
@@ -112,6 +112,17 @@ def _kind(part: Any) -> Optional[str]:
 
 # WAV always; the others through soundfile where it is installed (the content decides, not the name).
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+
+
+# A media part translated from another dialect (Anthropic's Messages, OpenAI's Responses) names
+# where the client put it, so that its errors point there rather than at the chat message made of it.
+PLACE = "x_place"
+
+
+def part_place(part: Any, i: int, j: int) -> str:
+    """Where a content part is, for errors: the client's own place, else messages[i].content[j]."""
+    place = part.get(PLACE) if isinstance(part, dict) else None
+    return place if isinstance(place, str) else f"messages[{i}].content[{j}]"
 
 
 def media_pointer(part: Any) -> Optional[Tuple[str, Any]]:

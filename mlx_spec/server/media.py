@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Dict, List
 
-from ..media.prompt import media_pointer
+from ..media.prompt import PLACE, media_pointer, part_place
 from .schemas import APIError
 
 FETCH_TIMEOUT = 10.0  # seconds
@@ -25,7 +25,7 @@ def screen_media(messages: List[Dict[str, Any]], allow_files: bool, allow_fetch:
     for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
-            message = {**message, "content": [_screened(p, f"messages[{i}].content[{j}]", allow_files, allow_fetch,
+            message = {**message, "content": [_screened(p, part_place(p, i, j), allow_files, allow_fetch,
                                                         max_bytes) for j, p in enumerate(content)]}
         out.append(message)
     return out
@@ -42,7 +42,7 @@ def _screened(part: dict, where: str, allow_files: bool, allow_fetch: bool, max_
         if not allow_fetch:
             raise APIError(400, f"{where}: this server fetches no URLs (start it with --allow-fetch); send the "
                                 "content as a data URL", param=where, code="invalid_value")
-        return {"type": kind, kind: fetch(url, where, max_bytes)}
+        return {"type": kind, kind: fetch(url, where, max_bytes), PLACE: where}
     if not allow_files:
         raise APIError(400, f"{where}: this server reads no local files (start it with --allow-files); send the "
                             "content as a data URL", param=where, code="invalid_value")

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from ..media.prompt import PLACE
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
 from .json_values import text_field
@@ -150,7 +151,7 @@ def _user(content: List[Any], where: str, before: List[Dict[str, Any]]) -> List[
                                  "assistant turn before it")
             text = block.get("content", "")
             if not isinstance(text, str):
-                text, shown = _result(text, at + ".content")
+                text, shown = _result(text, at)  # (its blocks: at.content[k])
                 parts += shown
             if block.get("is_error"):
                 text = json.dumps({"error": text}, ensure_ascii=False)  # rendered `response:NAME{error:...}`
@@ -199,16 +200,16 @@ def _image(block: Dict[str, Any], where: str) -> Dict[str, Any]:
         raise ValueError(f"{where}.source must be an object")
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         media_type = source.get("media_type") or "image/png"
-        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
+        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}, PLACE: where}
     if source.get("type") == "url" and isinstance(source.get("url"), str):
-        return {"type": "image_url", "image_url": {"url": source["url"]}}  # fetched only with --allow-fetch
+        return {"type": "image_url", "image_url": {"url": source["url"]}, PLACE: where}  # fetched only with --allow-fetch
     raise ValueError(f"{where}.source must be {{type: base64, media_type, data}} or {{type: url, url}}")
 
 
 def _result(blocks: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
     """A tool result's blocks: their text, and their images as chat parts."""
     if not isinstance(blocks, list):
-        raise ValueError(f"{where} must be a string or a list of text and image blocks")
+        raise ValueError(f"{where}.content must be a string or a list of text and image blocks")
     texts, images = [], []
     for at, block in _blocks(blocks, where):
         if block["type"] == "text":

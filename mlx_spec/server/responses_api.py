@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
+from ..media.prompt import PLACE
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
 from .json_values import loads, text_field
@@ -160,24 +161,25 @@ def messages_of(instructions: Optional[str], input: Union[str, List[Dict[str, An
     return out
 
 
-def _content(content: Any, where: str) -> Union[str, List[Dict[str, Any]]]:
-    """A message's content as chat content: a string, or text and image parts."""
+def _content(content: Any, where: str, field: str = "content") -> Union[str, List[Dict[str, Any]]]:
+    """A message's content (or a function call's output: `field`) as chat content: a string, or
+    text and image parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ValueError(f"{where}.content must be a string or a list of content parts")
+        raise ValueError(f"{where}.{field} must be a string or a list of content parts")
     parts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind, at = part.get("type") if isinstance(part, dict) else None, f"{where}.{field}[{j}]"
         if kind in TEXT_PARTS:
-            parts.append({"type": "text", "text": text_field(part, "text", f"{where}.content[{j}]")})
+            parts.append({"type": "text", "text": text_field(part, "text", at)})
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise ValueError(f"{where}.content[{j}]: input_image needs image_url (a data URL); file_id is not supported")
-            parts.append({"type": "image_url", "image_url": {"url": url}})
+                raise ValueError(f"{at}: input_image needs image_url (a data URL); file_id is not supported")
+            parts.append({"type": "image_url", "image_url": {"url": url}, PLACE: at})
         else:
-            raise ValueError(f"{where}.content[{j}]: parts of type {kind!r} are not supported (input_text, "
+            raise ValueError(f"{at}: parts of type {kind!r} are not supported (input_text, "
                              "output_text and input_image are)")
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
@@ -189,7 +191,7 @@ def _output(output: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
     template writes a tool response's text only, so the images follow the outputs as a user turn
     of their own, which the model sees as it sees any image (a 400 names a model without a vision
     tower)."""
-    content = output if isinstance(output, str) else _content(output, where)
+    content = output if isinstance(output, str) else _content(output, where, "output")
     if isinstance(content, str):
         return content, []
     text = "".join(p["text"] for p in content if p["type"] == "text")
