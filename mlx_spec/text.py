@@ -57,6 +57,14 @@ def load_tokenizer(checkpoint: Checkpoint) -> Optional[Any]:
     return mlx_load_tokenizer(checkpoint.path, eos_token_ids=stop_token_ids(checkpoint) or None)
 
 
+def refuse_tools(tools: Optional[List[dict]]) -> None:
+    """Tools given with a raw-text or token-id prompt: a SettingsError (only the chat template
+    writes them; they were dropped without a word)."""
+    if tools:
+        raise SettingsError("tools are declared through the chat template: give the prompt as chat messages "
+                            "([{'role': 'user', 'content': ...}]), not as raw text or token ids")
+
+
 class TextSide:
     """Prompts to token ids and tokens to text, for one tokenizer (None: token ids only)."""
 
@@ -77,6 +85,7 @@ class TextSide:
         template (with a generation prompt; thinking on or off, always said explicitly, since
         mlx-lm would turn it on for any tokenizer that has thinking tokens)."""
         if isinstance(prompt, str):
+            refuse_tools(tools)
             tokenizer = self.require_tokenizer("a text prompt")
             bos = getattr(tokenizer, "bos_token", None)
             if bos and prompt.startswith(bos):  # a prompt rendered by its caller: no second <bos>
@@ -89,6 +98,7 @@ class TextSide:
         if is_messages(prompt):
             return self.chat_tokens(prompt, tools, thinking)
         if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            refuse_tools(tools)
             return [int(t) for t in prompt]
         raise SettingsError("a prompt must be a string, a list of token ids, or a list of chat messages")
 

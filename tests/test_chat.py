@@ -342,6 +342,11 @@ def test_messages_and_tools_of_the_wrong_shape_are_named(engine):
             engine.generate(hello, tools=tools, max_tokens=2)
     with pytest.raises(SettingsError, match="a prompt must be a string.*got bytes"):  # it ran as token ids
         engine.generate(b"hi", max_tokens=2)
+    # Tools with a raw-text or token-id prompt were dropped without a word (found by a review).
+    declared = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    for prompt in ("Hi", engine.encode(hello)):
+        with pytest.raises(SettingsError, match="tools are declared through the chat template"):
+            engine.generate(prompt, tools=declared, max_tokens=2)
 
     def get_time(city: str):
         """The time in a city.
