@@ -259,6 +259,10 @@ def test_content_parts_in_every_shape_give_the_same_prompt(engine):
         [{"type": "image", "image": png.getvalue()}, {"type": "audio", "audio": (audio, 16_000)}],
         [{"type": "image", "image": png.getvalue()},
          {"type": "input_audio", "input_audio": {"data": base64.b64encode(flac_bytes(audio)).decode(), "format": "flac"}}],
+        # base64 wrapped in lines (MIME's) and in the URL-safe alphabet: refused as "not valid
+        # base64" before (a review)
+        [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.encodebytes(png.getvalue()).decode()}},
+         {"type": "input_audio", "input_audio": {"data": base64.urlsafe_b64encode(wav_bytes(audio)).decode(), "format": "wav"}}],
     ]
     prepared = [engine.prepare(messages(*parts), image_tokens=IMAGE_TOKENS) for parts in shapes]
     assert all(p[0] == prepared[0][0] for p in prepared)
@@ -279,6 +283,8 @@ def test_content_parts_in_every_shape_give_the_same_prompt(engine):
     ({"type": "audio", "audio": (np.zeros(100, np.float32), 44_100)}, "44100 Hz"),
     ({"type": "audio", "audio": np.zeros(0, np.float32)}, "empty"),
     ({"type": "image"}, "needs its content"),
+    ({"type": "image", "image": 5}, "an image must be a path, encoded bytes, an array or a PIL image; got int"),  # (a TypeError)
+    ({"type": "audio", "audio": ["a", "b"]}, "audio must be a WAV file's path or bytes"),  # (a ValueError)
 ])
 def test_bad_media_parts_are_refused_by_name(engine, part, message):
     with pytest.raises(MediaError, match=message) as error:

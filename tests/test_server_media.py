@@ -103,11 +103,16 @@ def test_the_next_request_reuses_the_image(client, engine):
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}, 400, "'aac'"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}, 400, "nor a format soundfile reads"),
     ({"type": "video_url", "video_url": {"url": "x"}}, 400, "parts must be of types"),
+    # (these read "the chat template cannot render these messages: expected str, bytes or
+    # os.PathLike object, not int": a review)
+    ({"type": "image", "image": 5}, 400, "an image must be a path, encoded bytes, an array or a PIL image; got int"),
+    ({"type": "audio", "audio": {"a": 1}}, 400, "audio must be a WAV file's path or bytes"),
 ])
 def test_bad_media_get_a_clear_4xx_and_the_server_stays_healthy(server, client, part, status, words):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ask(part), "max_tokens": 4}, timeout=60)
     assert r.status_code == status, r.text
     assert words in r.json()["error"]["message"]
+    assert "0x" not in r.json()["error"]["message"]  # (a BytesIO object's address: a review)
     assert server.health()["running"] == 0
     assert client.chat.completions.create(model="12b", messages=ask(text="Hi"), max_tokens=3).choices
 

@@ -11,6 +11,7 @@ optional extra: `pip install "mlx-spec[audio]"`).
 """
 
 import io
+import re
 import wave
 from dataclasses import dataclass
 from functools import lru_cache
@@ -99,7 +100,9 @@ def _read_other(source: Union[Path, bytes], not_wav: str, rate: int) -> np.ndarr
         samples, found = soundfile.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source,
                                        dtype="float32", always_2d=True)
     except Exception as e:  # soundfile raises LibsndfileError, RuntimeError or TypeError by format
-        raise MediaError(f"{not_wav} nor a format soundfile reads ({e}); convert to {rate / 1000:g} kHz WAV "
+        # (its words name the BytesIO object, at its address, where the audio came as bytes)
+        said = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the data", str(e))
+        raise MediaError(f"{not_wav} nor a format soundfile reads ({said}); convert to {rate / 1000:g} kHz WAV "
                          "first") from None
     _check_rate(found, rate)
     return samples.mean(axis=1, dtype=np.float32)
@@ -118,7 +121,11 @@ def read_audio(source, rate: int = SAMPLE_RATE) -> np.ndarray:
         samples, found = source
         _check_rate(found, rate)
         source = samples
-    samples = np.asarray(source, dtype=np.float32)
+    try:
+        samples = np.asarray(source, dtype=np.float32)
+    except (TypeError, ValueError):  # (a dict, strings: numpy's own words named no audio)
+        raise MediaError(f"audio must be a WAV file's path or bytes, a (samples, rate) pair or samples; got "
+                         f"{type(source).__name__}") from None
     if samples.ndim == 2:  # (samples, channels)
         samples = samples.mean(axis=1, dtype=np.float32)
     if samples.ndim != 1:

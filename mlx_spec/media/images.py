@@ -12,7 +12,7 @@ factor (processor.py reads them).
 import io
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Tuple, Union
 
 import numpy as np
@@ -43,6 +43,8 @@ def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
     Image, UnidentifiedImageError = _pillow()
     from PIL import ImageOps
 
+    if not isinstance(source, (Image.Image, np.ndarray, bytes, bytearray, str, PurePath)):
+        raise MediaError(f"an image must be a path, encoded bytes, an array or a PIL image; got {type(source).__name__}")
     try:
         if isinstance(source, Image.Image):
             image = source
@@ -56,7 +58,10 @@ def read_image(source: Union[str, Path, bytes, np.ndarray, Any]):
         if not isinstance(source, (Image.Image, np.ndarray)):
             image = ImageOps.exif_transpose(image)  # (after the size check: it decodes the image)
         image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError as e:  # (of bytes, its words name a BytesIO object's address)
+        raise MediaError("not an image Pillow can read" + (f" ({e})" if isinstance(source, (str, PurePath)) else
+                                                           " (no image format it knows)")) from None
+    except (OSError, Image.DecompressionBombError) as e:
         raise MediaError(f"not an image Pillow can read ({e})") from None
     if isinstance(source, Image.Image) and ("A" in image.getbands() or image.info.get("transparency") is not None):
         # As transformers' processors take a PIL image with transparency (`convert_to_rgb`): over

@@ -174,7 +174,9 @@ def _from_url(url: str, where: str, allow_files: bool) -> Any:
 
 
 def _base64(data: str, where: str) -> bytes:
+    # Line breaks (MIME's base64, wrapped at 76) and the URL-safe alphabet are base64 too.
+    data = "".join(data.split())
     try:
-        return base64.b64decode(data, validate=True)
+        return base64.b64decode(data, altchars=b"-_" if "-" in data or "_" in data else None, validate=True)
     except (binascii.Error, ValueError):
         raise MediaError(f"{where}: the data is not valid base64") from None
