@@ -151,7 +151,7 @@ class TextSide:
         return max(1, *(len(p) for p in pieces if isinstance(p, str)))
 
     def _chat_tokenizer(self):
-        tokenizer = self.require_tokenizer("chat messages")
+        tokenizer = self.require_tokenizer("a chat prompt")
         if not getattr(tokenizer, "chat_template", None):
             raise SettingsError(
                 f"chat messages need a chat template, and the tokenizer of {self.source} has none "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import mlx_spec
+from mlx_spec.errors import SettingsError
 import tiny
 from serving import WITHOUT_TORCH
 
@@ -673,15 +674,15 @@ def test_results_go_to_a_dated_folder_under_the_current_one(tiny_models, tmp_pat
 def test_all_takes_the_shared_options_only(tmp_path):
     from mlx_spec.bench import run_all
 
-    with pytest.raises(SystemExit, match=r"`mlx-spec bench all` takes .*--workloads and --skip; give --contexts to one table instead"):
+    with pytest.raises(SettingsError, match=r"`mlx-spec bench all` takes .*--workloads and --skip; give --contexts to one table instead"):
         run_all(["--contexts", "8", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match=r"--skip: unknown table 'speed'; the tables are positions, "):
+    with pytest.raises(SettingsError, match=r"--skip: unknown table 'speed'; the tables are positions, "):
         run_all(["--skip", "group,speed", "--out", str(tmp_path)])
     from mlx_spec.bench import without_skip
 
     assert without_skip(["--quick", "--skip=group", "--skip", "batch,media", "--out", "x"]) == (
         ["--quick", "--out", "x"], {"group", "batch", "media"})
-    with pytest.raises(SystemExit, match=r"unknown table 'speed'"):
+    with pytest.raises(SettingsError, match=r"unknown table 'speed'"):
         __import__("mlx_spec.bench", fromlist=["run"]).run("speed", [])
     with pytest.raises(SystemExit) as helped:  # (found by a review: it said "give --help to one table" and exited 1)
         run_all(["--help"])
@@ -825,3 +826,17 @@ def test_the_block_to_paste_names_only_this_run_s_tables(tmp_path):
     assert "an earlier Mac" not in block and "controlled a = 0.5" not in block
     assert "(in the report from an earlier run, not this one: controlled)" in block
     assert "controlled a = 0.5: 1.50x measured" in summary(tmp_path)
+
+
+def test_the_progress_bar_to_a_file_is_plain_lines(capsys):
+    """Into a log file the bar wrote a carriage return and an erase-line escape before each
+    figure (found by a review); a terminal still gets the one rewritten line."""
+    from mlx_spec.bench.common import Progress
+
+    progress = Progress("controlled", 2)
+    progress.step("acceptance 0")
+    progress.step("bars, round 1")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["controlled [############------------] 1/2 acceptance 0",
+                                                      "controlled [########################] 2/2 bars, round 1"]
+    assert not any("\r" in line or "\x1b" in line for line in lines)

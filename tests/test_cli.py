@@ -249,8 +249,9 @@ def test_serve_refuses_where_it_cannot_listen_before_it_loads(checkpoints, args,
 
 @pytest.mark.parametrize("value, message", [
     ("nan", "--cache-gb must be a number of GB >= 0, got nan"),  # (a traceback: a review)
-    ("100000", r"the memory left for the requests' K/V cache is -[\d.]+ GB, beside the weights and 100000 GB of "
-               r"prompt cache: too little for any request \(lower --cache-gb\)"),  # (it served only 400s)
+    # (it served only 400s; then its message gave the memory left as "-99977.25 GB": a review)
+    ("100000", r"the prompt cache \(100000 GB\) takes all the memory left beside the weights \([\d.]+ GB\): none is "
+               r"left for the requests' K/V cache \(lower --cache-gb\)"),
 ])
 def test_serve_refuses_a_prompt_cache_that_leaves_no_room(checkpoints, value, message):
     out = run(command(checkpoints, "serve", "--port", "0", "--cache-gb", value))

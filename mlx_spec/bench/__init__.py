@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import List, Sequence
 
+from ..errors import SettingsError
 from . import report
 from .common import results_folder
 
@@ -63,7 +64,7 @@ def folder_of(argv: Sequence[str]) -> Path:
 def run(table: str, argv: Sequence[str], draw: bool = True) -> Path:
     """One table into its folder (JSON, markdown) and, with `draw`, the report; returns the folder."""
     if table not in TABLES:
-        raise SystemExit(f"unknown table {table!r}; the tables are {', '.join(TABLES)}, and all")
+        raise SettingsError(f"unknown table {table!r}; the tables are {', '.join(TABLES)}, and all")
     argv = with_folder(argv)
     module = importlib.import_module(f".{TABLES[table]}", __name__)
     tee = _Tee(sys.stdout)
@@ -95,7 +96,7 @@ def run_all(argv: Sequence[str]) -> Path:
     argv, skipped = without_skip(with_folder(argv))
     unknown = [a for a in argv if a.startswith("--") and a.split("=")[0] not in {**SHARED, **ROUTED}]
     if unknown:
-        raise SystemExit(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})} and --skip; "
+        raise SettingsError(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})} and --skip; "
                          f"give {unknown[0]} to one table instead")
     tables = [table for table in TABLES if table not in skipped]
     start = time.perf_counter()
@@ -122,7 +123,7 @@ def without_skip(argv: List[str]):
         i += 1
     for name in skipped:
         if name not in TABLES:
-            raise SystemExit(f"--skip: unknown table {name!r}; the tables are {', '.join(TABLES)}")
+            raise SettingsError(f"--skip: unknown table {name!r}; the tables are {', '.join(TABLES)}")
     return rest, set(skipped)
 
 

@@ -135,9 +135,11 @@ class Progress:
         left = elapsed / self.done * (self.total - self.done)
         filled = self.width * self.done // self.total
         bar = "#" * filled + "-" * (self.width - filled)
-        end = "\n" if self.done >= self.total or not sys.stderr.isatty() else ""
-        sys.stderr.write(f"\r{self.table} [{bar}] {self.done}/{self.total} {what}: "
-                         f"{elapsed:.0f} s, about {left:.0f} s left\x1b[K{end}")
+        line = f"{self.table} [{bar}] {self.done}/{self.total} {what}: {elapsed:.0f} s, about {left:.0f} s left"
+        if sys.stderr.isatty():  # (one line, rewritten; to a file or a pipe, a line each, no escapes)
+            sys.stderr.write(f"\r{line}\x1b[K" + ("\n" if self.done >= self.total else ""))
+        else:
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
 

@@ -162,9 +162,7 @@ class Worker:
             self.cache = PromptCache(self.engine.target, cache_bytes)
             self.room = KVRoom.for_engine(self.engine, cache_bytes, kv_budget)
             if kv_budget is None and not self.room.fits_alone(1):  # (every request would be a 400)
-                raise LoadError(f"the memory left for the requests' K/V cache is {size_text(self.room.budget)}, "
-                                f"beside the weights and {cache_bytes / 1e9:g} GB of prompt cache: too little for any "
-                                "request (lower --cache-gb)")
+                raise LoadError(no_room(self.room.budget, cache_bytes))
             self.agreement = Agreement(self.engine.lockstep)
             together = Together(self.engine, self._agree, fatal=group_fault(self.engine.lockstep))
         except BaseException as e:
@@ -296,3 +294,13 @@ class Worker:
             self.refused += refused
             self.dropped += job.cancelled.is_set()
         job.emit(END)
+
+
+def no_room(budget: int, cache_bytes: int) -> str:
+    """The words for a server whose memory leaves no room for any request's K/V."""
+    if budget > 0:
+        return (f"the memory left for the requests' K/V cache is {size_text(budget)}, beside the weights and "
+                f"{cache_bytes / 1e9:g} GB of prompt cache: too little for any request (lower --cache-gb)")
+    # (the budget itself, negative, read as nonsense: "-99977.25 GB")
+    return (f"the prompt cache ({cache_bytes / 1e9:g} GB) takes all the memory left beside the weights "
+            f"({size_text(max(budget + cache_bytes, 0))}): none is left for the requests' K/V cache (lower --cache-gb)")
