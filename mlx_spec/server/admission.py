@@ -64,3 +64,12 @@ def too_big(room: KVRoom, positions: int) -> str:
             f"{size_text(room.bytes_at(positions))}, and this server has {size_text(max(room.budget, 0))} for "
             f"K/V beside its weights and prompt cache. Please reduce the length of the messages or max_tokens.")
 
+
+def no_room(budget: int, cache_bytes: int) -> str:
+    """The words for a server whose memory leaves no room for any request's K/V."""
+    if budget > 0:
+        return (f"the memory left for the requests' K/V cache is {size_text(budget)}, beside the weights and "
+                f"{cache_bytes / 1e9:g} GB of prompt cache: too little for any request (lower --cache-gb)")
+    # (the budget itself, negative, read as nonsense: "-99977.25 GB")
+    return (f"the prompt cache ({cache_bytes / 1e9:g} GB) takes all the memory left beside the weights "
+            f"({size_text(max(budget + cache_bytes, 0))}): none is left for the requests' K/V cache (lower --cache-gb)")

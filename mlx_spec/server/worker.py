@@ -33,9 +33,8 @@ from mlx_lm.generate import wired_limit
 from ..decoding.lockstep import lost_peer
 from ..decoding.prompt_cache import PromptCache
 from ..errors import LoadError
-from ..memory import size_text
 from ..together import Together
-from .admission import KVRoom, too_big
+from .admission import KVRoom, no_room, too_big
 from .agreement import Agreement, group_fault
 from .schemas import APIError
 
@@ -295,12 +294,3 @@ class Worker:
             self.dropped += job.cancelled.is_set()
         job.emit(END)
 
-
-def no_room(budget: int, cache_bytes: int) -> str:
-    """The words for a server whose memory leaves no room for any request's K/V."""
-    if budget > 0:
-        return (f"the memory left for the requests' K/V cache is {size_text(budget)}, beside the weights and "
-                f"{cache_bytes / 1e9:g} GB of prompt cache: too little for any request (lower --cache-gb)")
-    # (the budget itself, negative, read as nonsense: "-99977.25 GB")
-    return (f"the prompt cache ({cache_bytes / 1e9:g} GB) takes all the memory left beside the weights "
-            f"({size_text(max(budget + cache_bytes, 0))}): none is left for the requests' K/V cache (lower --cache-gb)")
