@@ -4,6 +4,7 @@
 text); the stats line after each answer counts the media's soft tokens.
 """
 
+import shlex
 import signal
 import sys
 from contextlib import contextmanager
@@ -12,14 +13,15 @@ from typing import List, Optional, Sequence, Union
 
 import click
 
-from ..errors import MediaError, PromptStopped, SettingsError
+from ..errors import ContextError, MediaError, PromptStopped, SettingsError
 from ..media.prompt import PLACE
 from .group import UNSHARED, shared_file
-from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
+from .terminal import TokenPrinter, as_utf8, prompted, read_bytes_as_escapes, stats_line
 
 HELP = """Commands: /image PATH and /audio PATH (attach to the next message),
 /reset (forget the conversation), /stats (session figures), /mtp on|off (drafting),
-/thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer."""
+/thinking on|off, /help, /quit (or Ctrl-D). Ctrl-C stops the current answer.
+A message that starts with "/" is typed with two ("//usr ..." sends "/usr ...")."""
 
 
 def media_parts(images: Sequence[Union[str, bytes]] = (), clips: Sequence[Union[str, bytes]] = (),
@@ -52,20 +54,23 @@ def run_chat(engine, session, show_probs: bool) -> None:
         line = line.strip()
         if not line:
             continue
-        if line.startswith("/"):
+        if line.startswith("/") and not line.startswith("//"):
             run_command(line, session, totals, attached)
             continue
+        line = line[1:] if line.startswith("//") else line  # (a message that starts with "/")
         message = {"role": "user", "content": attached + [{"type": "text", "text": line}]} if attached else line
         with interruptible() as stopped:
             try:
                 for report in session.send(message, should_stop=lambda: lockstep.flag(stopped[0])):
                     printer.print(report)
             except PromptStopped:  # Ctrl-C while the prompt went through: the turn is not kept
-                click.echo("[stopped before the answer began; the message was not kept]")
+                click.echo(("\n" if interactive else "") + "[stopped before the answer began; the message was not kept"
+                           + ("; its attachments are dropped]" if attached else "]"))
+                attached.clear()  # (they went with the next, unrelated message: a review)
                 continue
             except SettingsError as e:  # e.g. the conversation no longer fits: say so, go on
-                advice = "" if isinstance(e, MediaError) else "; /reset starts over"
-                click.echo(f"[{e}{advice}" + ("; the attachments are dropped]" if attached else "]"))
+                click.echo(f"[{e}{advice_for(e, session)}; the message was not sent"
+                           + (" and its attachments are dropped]" if attached else "]"))
                 attached.clear()
                 continue
         attached.clear()
@@ -80,17 +85,28 @@ def run_chat(engine, session, show_probs: bool) -> None:
         click.echo(stats_line(stats))
 
 
+def advice_for(error: SettingsError, session) -> str:
+    """What the user may do about a turn refused: /reset where the conversation before it is what
+    does not fit, nothing it could change otherwise."""
+    if isinstance(error, MediaError) or not isinstance(error, ContextError):
+        return ""
+    said = [m for m in session.messages if m.get("role") != "system"]
+    return "; /reset starts over" if said else "; shorten the message"
+
+
 def read_line(interactive: bool) -> Optional[str]:
     while True:
         try:
-            line = input(">> ") if interactive else sys.stdin.readline()
+            line = prompted(">> ") if interactive else sys.stdin.readline()
             if not line and not interactive:
                 return None
             text = as_utf8(line)
             if text != line:
                 click.echo("[bytes that are not UTF-8 were read as \ufffd]")
             return text
-        except EOFError:
+        except EOFError:  # Ctrl-D: the shell's prompt on a line of its own
+            if interactive:
+                click.echo()
             return None
         except KeyboardInterrupt:  # at the prompt: a fresh line, like a shell
             click.echo()
@@ -99,17 +115,8 @@ def read_line(interactive: bool) -> Optional[str]:
 def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
     parts = line.split(maxsplit=1)
     name = parts[0]
-    if name in ("/image", "/audio") and len(parts) == 2:
-        path = Path(parts[1].strip()).expanduser()
-        lockstep = session.engine.lockstep
-        # Under a group rank 0 reads the file and every rank takes its bytes (the others may not have it).
-        value = shared_file(lockstep, str(path)) if lockstep.size > 1 else (str(path) if path.is_file() else None)
-        if value is None:
-            click.echo(f"[{path}: {UNSHARED if lockstep.size > 1 else 'no such file'}]")
-            return
-        places = [f"{name} {parts[1].strip()}"]
-        attached.extend(media_parts([value], (), places) if name == "/image" else media_parts((), [value], places))
-        click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")
+    if name in ("/image", "/audio"):
+        attach(name, parts[1].strip() if len(parts) == 2 else "", session, attached)
     elif name == "/reset":
         session.reset()
         attached.clear()
@@ -132,6 +139,45 @@ def run_command(line: str, session, totals: dict, attached: List[dict]) -> None:
         click.echo(HELP)
     else:
         click.echo(f"[unknown command {line!r}; /help lists them]")
+
+
+def attach(name: str, argument: str, session, attached: List[dict]) -> None:
+    """/image PATH or /audio PATH: the file is read and checked now (a text-only model, a file
+    that is no image), not when the message it was meant for is sent and refused with it."""
+    if not argument:
+        click.echo(f"[{name} needs a PATH: {name} photo.png]")
+        return
+    path = file_named(argument)
+    lockstep = session.engine.lockstep
+    if lockstep.size == 1 and not path.is_file():
+        click.echo(f"[{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}]")
+        return
+    # Under a group rank 0 reads the file and every rank takes its bytes (the others may not have it).
+    value = shared_file(lockstep, str(path)) if lockstep.size > 1 else str(path)
+    if value is None:
+        click.echo(f"[{path}: {UNSHARED}]")
+        return
+    place = [f"{name} {argument}"]
+    part = media_parts([value], (), place) if name == "/image" else media_parts((), [value], place)
+    try:
+        session.engine.prepare([{"role": "user", "content": part}], image_tokens=session.options.image_tokens)
+    except (MediaError, SettingsError) as e:
+        click.echo(f"[{e}; not attached]")
+        return
+    attached.extend(part)
+    click.echo(f"[{name[1:]} {path.name} attached to the next message ({len(attached)} in all)]")
+
+
+def file_named(argument: str) -> Path:
+    """The file an argument names: as typed, or read as a shell reads it (quotes and backslashes,
+    as a terminal writes a file dragged into it) where that names one and the text as typed does not."""
+    typed = Path(argument).expanduser()
+    try:
+        words = shlex.split(argument)
+    except ValueError:  # (an unmatched quote)
+        return typed
+    unquoted = Path(words[0]).expanduser() if len(words) == 1 else typed
+    return unquoted if unquoted.exists() and not typed.exists() else typed
 
 
 @contextmanager

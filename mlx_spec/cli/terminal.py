@@ -1,6 +1,7 @@
 """What the command line prints: tokens as they settle (with their probabilities, on request)
 and the figures of an answer."""
 
+import os
 import sys
 
 import click
@@ -13,6 +14,30 @@ def as_utf8(text: str) -> str:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:  # (a surrogate that escapes no byte)
         return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def prompted(prompt: str) -> str:
+    """input(prompt) at a terminal, with readline even where standard output is a pipe (`chat |
+    tee log`). Python's input() edits with readline only when its standard output is a terminal
+    too; otherwise the terminal's own line buffer cuts a line at 4,095 bytes without a word. So
+    for the call, file descriptor 1 is the terminal: the prompt and the line being edited show
+    there, and the pipe gets the answers alone."""
+    if sys.stdout.isatty():
+        return input(prompt)
+    try:
+        terminal = os.open("/dev/tty", os.O_WRONLY)
+    except OSError:  # (no controlling terminal)
+        return input(prompt)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(terminal, 1)
+        return input(prompt)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(terminal)
 
 
 def read_bytes_as_escapes() -> None:
