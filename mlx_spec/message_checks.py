@@ -62,10 +62,15 @@ def checked_tool(tool: Dict[str, Any], index: int) -> Dict[str, Any]:
     return tool
 
 
-def check_schema(schema: Any, where: str) -> None:
+def check_schema(schema: Any, where: str, nested: bool = False) -> None:
     """A JSON schema as Google's template walks it: an object whose `properties` map names to
     schemas, whose `items` is a schema, `required` a list of names and `type` a string (or a
-    list of them)."""
+    list of them). Below the top, what JSON Schema allows and the template renders is taken too,
+    as agents send it (an MCP server's tools, passed on unchanged): a schema that is `true` or
+    `false`, `items` as a list of schemas (draft 7's tuples) or beside `prefixItems`, and
+    `required: true` in a property (draft 3)."""
+    if nested and isinstance(schema, bool):
+        return
     if not isinstance(schema, dict):
         raise ValueError(f"{where} must be a JSON schema object")
     properties = schema.get("properties")
@@ -73,11 +78,14 @@ def check_schema(schema: Any, where: str) -> None:
         if not isinstance(properties, dict):
             raise ValueError(f"{where}.properties must map parameter names to schemas")
         for name, value in properties.items():
-            check_schema(value, f"{where}.properties.{name}")
-    if schema.get("items") is not None:
-        check_schema(schema["items"], f"{where}.items")
+            check_schema(value, f"{where}.properties.{name}", nested=True)
+    for key in ("items", "prefixItems"):
+        value = schema.get(key)
+        for j, item in enumerate(value) if isinstance(value, list) else ([(None, value)] if value is not None else []):
+            check_schema(item, f"{where}.{key}" + (f"[{j}]" if j is not None else ""), nested=True)
     required = schema.get("required")
-    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)
+                                     or nested and isinstance(required, bool)):
         raise ValueError(f"{where}.required must be a list of parameter names")
     kind = schema.get("type")
     if kind is not None and not (isinstance(kind, str) or isinstance(kind, list) and all(isinstance(k, str) for k in kind)):

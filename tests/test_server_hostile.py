@@ -137,6 +137,16 @@ def test_a_prompt_too_long_is_refused_before_the_model_thread(server, client):
     over = post(server, chat(messages=[{"role": "user", "content": "Hi " * 4100}]))
     error = refused(over, "maximum context length")
     assert "at least" not in error["message"] and error["code"] == "context_length_exceeded"
+    assert "4 in the completion" in error["message"]
+    # Messages and Responses take max_tokens as a ceiling: only the prompt failed to fit, and the
+    # words asked Claude Code to reduce its 32,000-token completion too (found by a review).
+    for path, body in (("/v1/messages", {"model": "tiny-gemma", "max_tokens": 32000,
+                                         "messages": [{"role": "user", "content": "Hi " * 4100}]}),
+                       ("/v1/responses", {"model": "tiny-gemma", "max_output_tokens": 32000, "input": "Hi " * 4100})):
+        answer = post(server, body, path)
+        assert answer.status_code == 400, answer.text
+        words = json.dumps(answer.json())
+        assert "your messages resulted in" in words and "completion" not in words, words
     assert server.health()["served"] == served
     assert client.chat.completions.create(model="tiny-gemma", messages=[{"role": "user", "content": "Hi"}],
                                           max_tokens=3).choices[0].finish_reason

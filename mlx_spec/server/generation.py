@@ -58,12 +58,13 @@ def prompt_tokens(engine, prompt: Any, options: Options, tools: Optional[List[di
     if text is not None:
         least = len(text) // (2 * engine.text.longest_token_chars)
         if least >= engine.context_length:
-            raise context_exceeded(ContextError(least, options.max_tokens, engine.context_length), at_least=True)
+            raise context_exceeded(ContextError(least, options.max_tokens, engine.context_length), at_least=True,
+                                   ceiling=options.fit_context)
     prepared = engine.prepare(prompt, tools, options.thinking, options.image_tokens)
     try:
         tokens_to_generate(len(prepared.tokens), options, engine.context_length)
     except ContextError as e:
-        raise context_exceeded(e) from None
+        raise context_exceeded(e, ceiling=options.fit_context) from None
     return prepared
 
 
@@ -81,7 +82,7 @@ def generation(prompt: Any, options: Options, tools: Optional[List[dict]] = None
             try:
                 prompt_tokens = answer.start()
             except ContextError as e:
-                raise context_exceeded(e) from None
+                raise context_exceeded(e, ceiling=held["options"].fit_context) from None
             except PromptStopped:
                 return  # the client left: nobody to answer
             # The prompt went through: from here on, the request is answered.
@@ -161,14 +162,17 @@ def media_item(data: dict) -> MediaItem:
     return MediaItem(data["kind"], data["tokens"], data["digest"], arrays)
 
 
-def context_exceeded(e: ContextError, at_least: bool = False) -> APIError:
+def context_exceeded(e: ContextError, at_least: bool = False, ceiling: bool = False) -> APIError:
     """OpenAI's own words and code for a request that does not fit the context (`at_least`: the
-    prompt was measured by its length, not tokenized)."""
+    prompt was measured by its length, not tokenized). `ceiling`: the request's max_tokens is a
+    ceiling (Messages, Responses), so only the prompt itself failed to fit: the words name it
+    alone (they asked Claude Code to reduce its 32,000-token completion too: a review)."""
     over = "at least " if at_least else ""
-    return APIError(
-        400,
-        f"This model's maximum context length is {e.context} tokens. However, you requested "
-        f"{over}{e.prompt_tokens + e.requested} tokens ({over}{e.prompt_tokens} in the messages, "
-        f"{e.requested} in the completion). Please reduce the length of the messages or completion.",
-        param="messages", code="context_length_exceeded",
-    )
+    if ceiling:
+        words = (f"This model's maximum context length is {e.context} tokens. However, your messages resulted in "
+                 f"{over}{e.prompt_tokens} tokens. Please reduce the length of the messages.")
+    else:
+        words = (f"This model's maximum context length is {e.context} tokens. However, you requested "
+                 f"{over}{e.prompt_tokens + e.requested} tokens ({over}{e.prompt_tokens} in the messages, "
+                 f"{e.requested} in the completion). Please reduce the length of the messages or completion.")
+    return APIError(400, words, param="messages", code="context_length_exceeded")

@@ -108,7 +108,7 @@ def messages_of(system: Union[None, str, List[Dict[str, Any]]], messages: List[D
     """Chat messages for `system` and `messages`. System text, `system` and any `role: "system"`
     message among the turns (Claude Code sends its environment so), goes into one leading
     system message: Gemma's template takes one, first."""
-    systems = [system if isinstance(system, str) else _text(system, "system")] if system else []
+    systems = [_system_text(system)] if system else []
     out: List[Dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -160,9 +160,11 @@ def _user(content: List[Any], where: str, before: List[Dict[str, Any]]) -> List[
             parts.append({"type": "text", "text": text_field(block, "text", at)})
         elif kind == "image":
             parts.append(_image(block, at))
+        elif kind == "document":
+            parts.append({"type": "text", "text": _document(block, at)})
         else:
-            raise ValueError(f"{at}: blocks of type {kind!r} are not supported in a user turn (text, image and "
-                             "tool_result are)")
+            raise ValueError(f"{at}: blocks of type {kind!r} are not supported in a user turn (text, image, document "
+                             "and tool_result are)")
     if parts:
         text_only = all(p["type"] == "text" for p in parts)
         results.append({"role": "user", "content": "".join(p["text"] for p in parts) if text_only else parts})
@@ -216,9 +218,30 @@ def _result(blocks: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
             texts.append(text_field(block, "text", at))
         elif block["type"] == "image":
             images.append(_image(block, at))
+        elif block["type"] == "document":  # (Claude Code's Read of a PDF)
+            texts.append(_document(block, at))
+        elif block["type"] == "tool_reference" and isinstance(block.get("tool_name"), str):  # (its ToolSearch)
+            texts.append(f"[tool: {block['tool_name']}]")
         else:
-            raise ValueError(f"{at}: only text and image blocks are taken in a tool result")
+            raise ValueError(f"{at}: only text, image, document and tool_reference blocks are taken in a tool result")
     return "".join(texts), images
+
+
+def _document(block: Dict[str, Any], where: str) -> str:
+    """A document block as text: a plain-text document's own text; of another (a PDF), a note
+    that it was there. Refused, it was a 400 on every later turn of a Claude Code session that
+    had read a PDF, as each turn sends the conversation again (found by a review)."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") not in ("text", "content", "base64", "url", "file"):
+        raise ValueError(f"{where}.source must be an object of type text, content, base64, url or file")
+    title = block.get("title") if isinstance(block.get("title"), str) else None
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return (f"{title}\n\n" if title else "") + source["data"]
+    if source.get("type") == "content" and isinstance(source.get("content"), list):
+        return (f"{title}\n\n" if title else "") + _text(source["content"], f"{where}.source")
+    kind = source.get("media_type") if isinstance(source.get("media_type"), str) else source.get("type")
+    named = f" {title!r}" if title else ""
+    return f"[a document{named} ({kind}) is attached here; this model reads no documents of that kind]"
 
 
 def _text(blocks: Any, where: str) -> str:
@@ -230,6 +253,20 @@ def _text(blocks: Any, where: str) -> str:
             raise ValueError(f"{at}: only text blocks are taken here")
         texts.append(text_field(block, "text", at))
     return "".join(texts)
+
+
+# Claude Code's first system block: a header for Anthropic's billing, not for the model. Its
+# suffix changes with each session, and it comes first: left in, two sessions' prompts part at
+# about their 15th token, and every new session went through its whole 30k-token prompt again
+# (llama.cpp, vllm-mlx and ollama leave it out too).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system_text(system: Union[str, List[Any]]) -> str:
+    if isinstance(system, str):
+        return system
+    _text(system, "system")  # (checks every block)
+    return "".join(b["text"] for b in system if not b["text"].startswith(BILLING_HEADER))
 
 
 def _tool(tool: Any, index: int) -> Dict[str, Any]:

@@ -67,10 +67,11 @@ class ResponsesRequest(Described, BaseModel):
 
     @property
     def thinking(self) -> Optional[bool]:
-        """Any effort turns Gemma's thinking on, "none" off; no `reasoning`: the server's default."""
-        if self.reasoning is None:
-            return None
-        return self.reasoning.get("effort", "medium") not in (None, "none")
+        """Any effort turns Gemma's thinking on, "none" off; no effort: the server's default (Codex
+        sends `{"summary": "auto"}` alone where its own banner says "reasoning effort: none": read
+        as medium, it thought through the server's whole --max-tokens and ended "incomplete")."""
+        effort = (self.reasoning or {}).get("effort")
+        return None if effort is None else effort != "none"
 
     def function_tools(self) -> Tuple[List[Dict[str, Any]], List[str]]:
         """The function tools as chat tools, and the types of the others (left out of the prompt)."""
