@@ -67,11 +67,12 @@ class ResponsesRequest(Described, BaseModel):
 
     @property
     def thinking(self) -> Optional[bool]:
-        """Any effort turns Gemma's thinking on, "none" off; no effort: the server's default (Codex
-        sends `{"summary": "auto"}` alone where its own banner says "reasoning effort: none": read
-        as medium, it thought through the server's whole --max-tokens and ended "incomplete")."""
-        effort = (self.reasoning or {}).get("effort")
-        return None if effort is None else effort != "none"
+        """Any effort turns Gemma's thinking on, "none" off; a `reasoning` without one is OpenAI's
+        default effort, medium (Codex sends `{"summary": "auto"}` so); no `reasoning`: the
+        server's default."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.get("effort", "medium") not in (None, "none")
 
     def function_tools(self) -> Tuple[List[Dict[str, Any]], List[str]]:
         """The function tools as chat tools, and the types of the others (left out of the prompt)."""
