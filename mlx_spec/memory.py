@@ -20,16 +20,16 @@ from .errors import LoadError
 from .models import FAMILIES, Checkpoint, Registry
 
 GB = 1e9
-
-
-def size_text(nbytes: float) -> str:
-    """A size for a message: in GB, or MB where GB would read 0.00 (a tiny model's K/V)."""
-    return f"{nbytes / GB:.2f} GB" if abs(nbytes) >= 0.01 * GB else f"{nbytes / 1e6:.2f} MB"
 DEFAULT_CONTEXT = 8192
 AUTO = "auto"  # the drafter: the one made for the target's size
 # What a sliding cache holds beyond its window after a long prompt (models/cache.py): the
 # drafter's extra position, the positions it can trim, and a prefill chunk.
 SLIDING_SLACK = 1 + TRIM_ALLOWANCE + PREFILL_CHUNK
+
+
+def size_text(nbytes: float) -> str:
+    """A size for a message: in GB, or MB where GB would read 0.00 (a tiny model's K/V)."""
+    return f"{nbytes / GB:.2f} GB" if abs(nbytes) >= 0.01 * GB else f"{nbytes / 1e6:.2f} MB"
 
 
 @dataclass

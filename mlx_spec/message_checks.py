@@ -81,8 +81,11 @@ def check_schema(schema: Any, where: str, nested: bool = False) -> None:
             check_schema(value, f"{where}.properties.{name}", nested=True)
     for key in ("items", "prefixItems"):
         value = schema.get(key)
-        for j, item in enumerate(value) if isinstance(value, list) else ([(None, value)] if value is not None else []):
-            check_schema(item, f"{where}.{key}" + (f"[{j}]" if j is not None else ""), nested=True)
+        if isinstance(value, list):  # (a tuple's schemas, one per place)
+            for j, item in enumerate(value):
+                check_schema(item, f"{where}.{key}[{j}]", nested=True)
+        elif value is not None:
+            check_schema(value, f"{where}.{key}", nested=True)
     required = schema.get("required")
     if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)
                                      or nested and isinstance(required, bool)):

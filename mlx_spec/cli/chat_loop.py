@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Union
 
 import click
 
-from ..errors import ContextError, MediaError, PromptStopped, SettingsError
+from ..errors import ContextError, PromptStopped, SettingsError
 from ..media.prompt import PLACE
 from .group import UNSHARED, shared_file
 from .terminal import TokenPrinter, as_utf8, prompted, read_bytes_as_escapes, stats_line
@@ -88,7 +88,7 @@ def run_chat(engine, session, show_probs: bool) -> None:
 def advice_for(error: SettingsError, session) -> str:
     """What the user may do about a turn refused: /reset where the conversation before it is what
     does not fit, nothing it could change otherwise."""
-    if isinstance(error, MediaError) or not isinstance(error, ContextError):
+    if not isinstance(error, ContextError):
         return ""
     said = [m for m in session.messages if m.get("role") != "system"]
     return "; /reset starts over" if said else "; shorten the message"
@@ -161,7 +161,7 @@ def attach(name: str, argument: str, session, attached: List[dict]) -> None:
     part = media_parts([value], (), place) if name == "/image" else media_parts((), [value], place)
     try:
         session.engine.prepare([{"role": "user", "content": part}], image_tokens=session.options.image_tokens)
-    except (MediaError, SettingsError) as e:
+    except SettingsError as e:  # (a MediaError among them)
         click.echo(f"[{e}; not attached]")
         return
     attached.extend(part)

@@ -293,4 +293,3 @@ class Worker:
             self.refused += refused
             self.dropped += job.cancelled.is_set()
         job.emit(END)
-
