@@ -809,3 +809,19 @@ def test_cycles_that_trace_are_not_timed_and_the_steady_state_traces_nothing(che
                or steps[i - 1][0] != steps[i][0] or steps[i + 1][0] != steps[i][0]}
     assert set(firsts) <= set(untimed) <= set(firsts) | changes
     assert len(untimed) < len(steps) - 5
+
+
+def test_one_paused_step_moves_its_length_s_figure_little_and_a_lasting_slowdown_is_followed():
+    """A step the machine paused in (ten times its length's time) moves the figure by at most a
+    moving average's share of half the figure: on this project's CPU such steps at a run's end left
+    a plain step at 1.6 times its run's median. A slowdown that lasts is followed all the same."""
+    lengths = DraftLengths()
+    for _ in range(30):
+        lengths.observe(1, 2, 0.010)
+    lengths.observe(1, 2, 0.100)
+    assert lengths.seconds[(1, 2)] <= 0.010 * (1 + (1 - lengths.decay) * 0.5) + 1e-12
+    for _ in range(30):
+        lengths.observe(1, 2, 0.020)
+    assert lengths.seconds[(1, 2)] == pytest.approx(0.020, rel=0.05)
+    lengths.observe(1, 2, 0.005)  # a faster step moves it as before: by the average's share of the whole gap
+    assert lengths.seconds[(1, 2)] == pytest.approx(0.020 - (1 - lengths.decay) * 0.015, rel=0.05)
