@@ -5,7 +5,7 @@ refusals of what exact decoding cannot honour. (The routes end to end: test_dial
 import pytest
 from pydantic import ValidationError
 
-from mlx_spec.media.prompt import PLACE
+from mlx_spec.media.prompt import PLACE, RETURNED
 from mlx_spec.server.messages_api import CountTokens, CreateMessage
 from mlx_spec.server.responses_api import ResponsesRequest
 
@@ -186,7 +186,7 @@ def test_a_tool_result_s_image_follows_the_tool_messages_as_a_user_image():
     assert first == {"role": "tool", "tool_call_id": "t1", "content": ""}
     assert second == {"role": "tool", "tool_call_id": "t2", "content": "hi"}
     assert shown == {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"},
-                                                  PLACE: "messages[2].content[0].content[0]"}]}
+                                                  PLACE: "messages[2].content[0].content[0]", RETURNED: True}]}
 
 
 def test_a_function_call_output_s_image_follows_the_outputs_as_a_user_image():
@@ -203,7 +203,8 @@ def test_a_function_call_output_s_image_follows_the_outputs_as_a_user_image():
     assert [m["role"] for m in chat.messages[-5:]] == ["assistant", "tool", "tool", "user", "user"]
     assert chat.messages[-4]["content"] == "a.png" and chat.messages[-3]["content"] == "README.md"
     place = f"input[{len(turn) - 3}].output[1]"
-    assert chat.messages[-2]["content"] == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, PLACE: place}]
+    assert chat.messages[-2]["content"] == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, PLACE: place,
+                                          RETURNED: True}]
 
 
 def test_a_thought_without_a_call_stays_in_its_own_turn():

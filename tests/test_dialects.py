@@ -326,3 +326,34 @@ def test_messages_errors_are_the_clients_own_types(an, model, server):
     bearer = httpx.post(server.url + "/v1/messages?beta=true", json={"model": model, "max_tokens": 2, "messages": ask("Hi")},
                         headers={"Authorization": f"Bearer {KEY}", "anthropic-version": "2023-06-01"})
     assert bearer.status_code == 200 and bearer.json()["usage"]["output_tokens"] == 2
+
+
+def test_an_image_a_tool_returns_to_a_text_only_model_is_a_note_and_the_session_goes_on(oa, an, model, engine):
+    """Codex's view_image and Claude Code's Read return an image in a tool's output. Refused on a
+    model without a vision tower, every later turn of the session was refused too (each sends it
+    again). It is read as a note in its place, as `Engine.generate` reads the same turn; an image
+    the user sends is still a 400 naming its place."""
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    note = "[a tool returned an image here; this model takes no image input]"
+    call = {"id": "t1", "type": "function", "function": {"name": "get_current_time", "arguments": {"city": "Taipei"}}}
+    chat = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "t1", "content": "21:04"},
+            {"role": "user", "content": [{"type": "text", "text": note}]}]
+    expected = engine.generate(chat, tools=CLOCK, max_tokens=20)
+
+    response = oa.responses.create(model=model, max_output_tokens=20, temperature=0, tools=RESPONSES_CLOCK, input=[
+        {"role": "user", "content": QUESTION},
+        {"type": "function_call", "call_id": "t1", "name": "get_current_time", "arguments": '{"city": "Taipei"}'},
+        {"type": "function_call_output", "call_id": "t1", "output": [
+            {"type": "input_text", "text": "21:04"}, {"type": "input_image", "image_url": "data:image/png;base64," + png}]}])
+    assert response.output_text == expected.text and response.usage.input_tokens == len(engine.encode(chat, CLOCK))
+
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    message = an.messages.create(model=model, max_tokens=20, tools=MESSAGES_CLOCK, messages=[
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_current_time", "input": {"city": "Taipei"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "21:04"}, image]}]}])
+    assert "".join(b.text for b in message.content if b.type == "text") == expected.text
+
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\].*no image or audio input"):
+        an.messages.create(model=model, max_tokens=20, messages=[{"role": "user", "content": [image]}])

@@ -119,6 +119,31 @@ AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 PLACE = "x_place"
 
 
+# A media part a tool returned (Codex's view_image, Claude Code's Read of an image), marked so by
+# the dialect that translated it. The agent sent it without choosing to: on a model that does not
+# take its kind it becomes a note (`returned_media_as_notes`), where a refusal would refuse every
+# later turn of the session, as each sends it again.
+RETURNED = "x_returned"
+
+
+def returned_media_as_notes(messages: Sequence[Message], takes: Callable[[str], bool]) -> List[Message]:
+    """The messages with each media part a tool returned, of a kind this model does not take
+    (`takes(kind)` False), as a text note in its place."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(_kind(p) and p.get(RETURNED) and not takes(_kind(p)) for p in content):
+            content = [{"type": "text", "text": f"[a tool returned {_KIND_NAMES[_kind(p)]} here; this model takes no "
+                                                f"{_kind(p)} input]"}
+                       if _kind(p) and p.get(RETURNED) and not takes(_kind(p)) else p for p in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+_KIND_NAMES = {IMAGE: "an image", AUDIO: "an audio clip"}
+
+
 def part_place(part: Any, i: int, j: int) -> str:
     """Where a content part is, for errors: the client's own place, else messages[i].content[j]."""
     place = part.get(PLACE) if isinstance(part, dict) else None

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional
 from ..errors import MediaError
 from .items import IMAGE, Prepared
 from .loading import check_kind
-from .prompt import expand, split_media
+from .prompt import expand, has_media, returned_media_as_notes, split_media
 
 
 class MediaSide:
@@ -33,6 +33,13 @@ class MediaSide:
                 self._encoder = self._load_encoder(self.path, self.config)
             return self._encoder
 
+    def takes(self, kind: str) -> bool:
+        """Whether this model reads media of this kind (its encoder is made, its weights not read)."""
+        try:
+            return bool(self.encoder().can.get(kind))
+        except MediaError:  # a text-only checkpoint, or a model made in memory
+            return False
+
     def load(self) -> None:
         """Make the encoder and read its weights now (to fail at start, not at the first image)."""
         self.encoder().load()
@@ -43,8 +50,14 @@ class MediaSide:
         marker, soft tokens and end marker, and a span that puts the encoder's embeddings there
         at prefill. `chat_tokens`: the messages (parts reduced to their type) through the chat
         template. `allow_files`: whether a part may name a local file."""
+        messages = returned_media_as_notes(messages, self.takes)
+        if not has_media(messages):
+            return Prepared(chat_tokens(messages), [])
         messages, sources = split_media(messages, allow_files)
-        encoder = self.encoder()
+        try:
+            encoder = self.encoder()
+        except MediaError as e:  # named where the first media part is: the request's own place
+            raise MediaError(f"{sources[0].where}: {e}") from None
         items = []
         for source in sources:
             check_kind(encoder, source.kind, self.path)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from ..media.prompt import PLACE
+from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
 from .json_values import text_field
@@ -216,8 +216,8 @@ def _result(blocks: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
     for at, block in _blocks(blocks, where):
         if block["type"] == "text":
             texts.append(text_field(block, "text", at))
-        elif block["type"] == "image":
-            images.append(_image(block, at))
+        elif block["type"] == "image":  # (a model without a vision tower reads a note: media/prompt.py)
+            images.append({**_image(block, at), RETURNED: True})
         elif block["type"] == "document":  # (Claude Code's Read of a PDF)
             texts.append(_document(block, at))
         elif block["type"] == "tool_reference" and isinstance(block.get("tool_name"), str):  # (its ToolSearch)

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from ..media.prompt import PLACE
+from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
 from .json_values import loads, text_field
@@ -191,13 +191,13 @@ def _content(content: Any, where: str, field: str = "content") -> Union[str, Lis
 def _output(output: Any, where: str) -> Tuple[str, List[Dict[str, Any]]]:
     """A function call output: its text, and its images (Codex's view_image returns one). Google's
     template writes a tool response's text only, so the images follow the outputs as a user turn
-    of their own, which the model sees as it sees any image (a 400 names a model without a vision
-    tower)."""
+    of their own, which the model sees as it sees any image (a model without a vision tower reads a
+    note in its place: media/prompt.py, RETURNED)."""
     content = output if isinstance(output, str) else _content(output, where, "output")
     if isinstance(content, str):
         return content, []
     text = "".join(p["text"] for p in content if p["type"] == "text")
-    return text, [p for p in content if p["type"] != "text"]
+    return text, [{**p, RETURNED: True} for p in content if p["type"] != "text"]
 
 
 def _text_only(content: Union[str, List[Dict[str, Any]]], where: str) -> str:
