@@ -117,6 +117,20 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(endless):
     assert turns[1][0] == printed(session.send("Hi"))
 
 
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_generate_into_a_pipe_its_reader_closes_ends_quietly_with_status_0(endless, flags):
+    """`mlx-spec generate ... | head`: Click ends a run whose standard output closed with status
+    1, which a script under `set -o pipefail` reads as a failure. It did what it was asked until
+    nobody read on: status 0, and no traceback."""
+    proc = subprocess.Popen(command(endless, "generate", "--prompt", long_answer_prompt(endless), "--max-tokens",
+                                    str(LONG), "--no-lookup", *flags),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    assert proc.stdout.read(8)  # what `head -c 8` reads
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+
+
 def printed(reports) -> str:
     """What chat prints for these reports when piped (channel markers included)."""
     import contextlib

@@ -16,7 +16,21 @@ from .group import UNSHARED, follow_quietly, group_faults, shared_file
 from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
 
-@click.group()
+class PipeClosed(Exception):
+    """The reader of standard output left (`mlx-spec generate ... | head`)."""
+
+
+class Commands(click.Group):
+    def invoke(self, ctx):
+        # Click turns a closed pipe into exit status 1, as if the command had failed; it did what
+        # was asked until nobody read on. `main` ends such a run with 0.
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise PipeClosed() from None
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="mlx-spec")
 def cli():
     """Exact speculative decoding for Gemma 4 with its MTP drafter, in MLX."""
@@ -210,6 +224,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         click.echo(f"mlx-spec: the group lost a rank ({e}); this rank stops too", err=True)
         sys.stderr.flush()
         os._exit(1)
-    except BrokenPipeError:
+    except (BrokenPipeError, PipeClosed):  # (at once: a flush of the closed stdout at exit would fail again)
         os._exit(0)
 
