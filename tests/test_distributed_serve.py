@@ -278,3 +278,47 @@ def test_serve_under_mlx_launch_answers_images_and_audio_as_one_process_does(mul
         assert reply.usage.prompt_tokens_details.cached_tokens > 0
     finally:
         group.stop()
+
+
+def children(pid: int) -> list:
+    """The ids of the processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def test_ranks_end_when_the_launcher_is_killed(checkpoints):
+    """`kill` of mlx.launch alone (a supervisor, `timeout`): mlx.launch forwards no SIGTERM, and
+    both ranks went on, rank 0 still answering on its port (found by a review). Each rank now
+    ends once its launcher has."""
+    group = GroupServer(checkpoints)
+    launcher_pid = group.procs[0].pid
+    ranks = children(launcher_pid)
+    try:
+        assert len(ranks) == 2, ranks
+        os.kill(launcher_pid, signal.SIGTERM)
+        group.procs[0].wait(30)
+        deadline = time.monotonic() + 60
+        while any(map(running, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(map(running, ranks)), group.output()
+        with pytest.raises(httpx.ConnectError):
+            group.health()
+    finally:
+        group.stop()
+        for pid in filter(running, ranks):  # (nothing of this test's left behind if it failed)
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether the process is there and not ended (a zombie has ended: its adopter reaps it)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False

@@ -8,11 +8,11 @@ from typing import List, Optional
 
 import click
 
-from ..decoding.lockstep import launched_group, lost_peer
+from ..decoding.lockstep import lost_peer
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
 from .flags import command_flags, flag_options, load_engine, memory_settings, model_options
-from .group import UNSHARED, follow_quietly, group_faults, shared_file
+from .group import UNSHARED, follow_quietly, group_faults, join_launched_group, shared_file
 from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
 
@@ -45,7 +45,7 @@ def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lo
     """Chat with Gemma 4; the KV cache is kept across turns."""
     options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking,
                            image_tokens=image_tokens)
-    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=launched_group())
+    engine = load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, group=join_launched_group())
     follow_quietly(engine)
     with group_faults(engine):
         run_chat(engine, engine.chat(system_prompt=system_prompt, options=options), show_probs)
@@ -67,7 +67,7 @@ def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, n
                            image_tokens)
     if raw and (images or clips):
         raise SettingsError("--image and --audio need the chat template: leave out --raw")
-    group = launched_group()
+    group = join_launched_group()
     if prompt is None or prompt == "-":
         if group is not None:  # mlx.launch forwards standard input to every rank, but never its end
             raise SettingsError("under mlx.launch, give the prompt with --prompt (standard input never ends there)")
@@ -138,7 +138,7 @@ def serve(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_l
         raise SettingsError(f"--cache-gb must be a number of GB >= 0, got {cache_gb}")
     if max_batch < 1:
         raise SettingsError(f"--max-batch must be at least 1, got {max_batch}")
-    group = launched_group()
+    group = join_launched_group()
     settings, flags = memory_settings(), command_flags()  # here: the click context belongs to this thread
     load = lambda: load_engine(model, drafter, drafter_bits, drafter_mode, no_mtp, settings, group, flags)  # noqa: E731
     if group is not None and group.rank() != 0:  # rank 0 serves; this rank runs what its scheduler admits

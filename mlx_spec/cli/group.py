@@ -5,12 +5,35 @@ message (docs/distributed.md)."""
 import os
 import signal
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from ..decoding.lockstep import lost_peer
+from ..decoding.lockstep import launched_group, lost_peer
 from ..errors import GroupError
+
+
+def join_launched_group():
+    """This process's group (`launched_group`; None alone). A rank of a group ends, as a SIGTERM
+    would end it, once the process that started it has ended: mlx.launch forwards no SIGTERM,
+    so `kill` of the launcher (a supervisor, `timeout`) left every rank running, a server still
+    answering on its port (found by a review)."""
+    group = launched_group()
+    if group is not None:
+        parent = os.getppid()
+        threading.Thread(target=_end_with, args=(parent,), daemon=True, name="mlx-spec-launcher-watch").start()
+    return group
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:  # (an orphan is adopted: its parent's id changes)
+        time.sleep(LAUNCHER_POLL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+LAUNCHER_POLL = 0.5  # seconds between two looks at whether the launcher is still there
 
 
 @contextmanager
