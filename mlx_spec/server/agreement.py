@@ -12,8 +12,10 @@ what it decided since the last one, as data:
   answer, which the other ranks turn into the same job (server/generation.py: `from_request`);
 - `cancel`: the numbers (in order of admission) of the running requests cancelled;
 - `close`: the server is stopping.
-While rank 0 waits for requests it sends an empty point now and then (`heartbeat`), so that a
-lost rank turns the server down without waiting for the next request.
+While rank 0 waits for requests it sends an empty point every worker.HEARTBEAT seconds
+(`heartbeat`), so that a lost rank turns the server down without waiting for the next request;
+an idle follower sleeps through most of that time rather than wait for it inside the collective,
+where MLX's ring backend spins.
 Everything else (what a row keeps, when it ends, the prompt cache's hits and evictions, the
 seed of an unseeded request, the cost model's draft lengths) follows from the tokens and the
 all-reduced logits, or is itself agreed (decoding/lockstep.py), the same on every rank. A
@@ -21,6 +23,7 @@ point with no news costs one small all-reduce.
 """
 
 import threading
+import time
 from typing import Dict, List, Optional
 
 from mlx_lm.generate import wired_limit
@@ -33,6 +36,9 @@ from .admission import KVRoom
 from .generation import from_request
 from .schemas import APIError
 
+# How long an idle follower sleeps after a heartbeat: most of worker.HEARTBEAT (0.05 s), so that
+# it is back in the collective just before the next one.
+IDLE_SLEEP = 0.04
 # The media arrays one request may send to a group's other ranks (base64 in JSON: a third more
 # travels), well within what one message carries (2^31 bytes).
 MAX_MEDIA_BYTES = 512 * 10**6
@@ -131,6 +137,9 @@ class Follower:
         news = self.engine.lockstep.message() or {}
         if news.get("close"):
             raise Closed
+        if not news and not self.together.tasks:  # rank 0 waits for requests: its next point is a heartbeat away
+            time.sleep(IDLE_SLEEP)
+            return
         live = {task.info["number"] for task in self.together.tasks}
         self.stopped = {n: e for n, e in self.stopped.items() if n in live}
         for _ in range(news.get("add", 0)):
