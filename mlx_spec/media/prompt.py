@@ -129,16 +129,14 @@ RETURNED = "x_returned"
 def returned_media_as_notes(messages: Sequence[Message], takes: Callable[[str], bool]) -> List[Message]:
     """The messages with each media part a tool returned, of a kind this model does not take
     (`takes(kind)` False), as a text note in its place."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list) and any(_kind(p) and p.get(RETURNED) and not takes(_kind(p)) for p in content):
-            content = [{"type": "text", "text": f"[a tool returned {_KIND_NAMES[_kind(p)]} here; this model takes no "
-                                                f"{_kind(p)} input]"}
-                       if _kind(p) and p.get(RETURNED) and not takes(_kind(p)) else p for p in content]
-            message = {**message, "content": content}
-        out.append(message)
-    return out
+    def noted(part: Any) -> Any:
+        kind = _kind(part)
+        if kind is None or not part.get(RETURNED) or takes(kind):
+            return part
+        return {"type": "text", "text": f"[a tool returned {_KIND_NAMES[kind]} here; this model takes no {kind} input]"}
+
+    return [{**m, "content": [noted(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in messages]
 
 
 _KIND_NAMES = {IMAGE: "an image", AUDIO: "an audio clip"}
