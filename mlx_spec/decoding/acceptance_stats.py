@@ -4,10 +4,32 @@ engine's cost model, which also pools these over its requests)."""
 
 from typing import List, Optional
 
+# A request's figures are moving averages over about 25 of its own judgements (decay 0.96). Over
+# 12 (0.92), five kept first guesses in a row (once in 17 tries at a = 0.7) lifted a settled 0.7
+# to 0.80, every deeper position unjudged counts as that, and the choice drafted long on it: on
+# the tiny checkpoint at a = 0.7, 0.96 ran faster than 0.92 in 47 of 70 paired rounds
+# (docs/benchmarks.md, stop 69). What 12 did quicker is kept: a request's first dozen judgements
+# of a position move off the engine's figure at 12's pace, and content that changes is followed at
+# it. A quicker average (0.92) runs beside each figure; where the two part by more than CHANGE_Z
+# standard deviations of their difference on unchanged content (about once in 1,400 judgements),
+# the content changed, and the quicker one is the figure again until the request has judged a
+# dozen of the new content's guesses.
+SLOW_DECAY, QUICK_DECAY = 0.96, 0.92
+CHANGE_Z = 3.0
+
+
+def _difference_sd(slow: float, quick: float) -> float:
+    """The standard deviation of (quick - slow) moving averages of the same coin flips, per unit
+    of the flips' own: both average the same news, so their difference is far steadier than
+    either."""
+    ls, lq = 1 - slow, 1 - quick
+    return (lq / (2 - lq) + ls / (2 - ls) - 2 * lq * ls / (1 - quick * slow)) ** 0.5
+
 
 class AcceptanceStats:
     """a_i: how often guess i was kept when every guess before it was, as moving averages
-    (a plain mean over the first observations).
+    (a plain mean over the first observations), each with a quicker one beside it that tells
+    when the content changed (SLOW_DECAY, QUICK_DECAY: the module's head).
 
     A guess position never judged is assumed to do as well as the deepest one that was (0.5
     before any), so longer drafts get tried when short ones all pass.
@@ -29,9 +51,18 @@ class AcceptanceStats:
 
     PRIOR_WEIGHT = 4
 
-    def __init__(self, max_g: int, decay: float = 0.92):
+    def __init__(self, max_g: int, decay: float = SLOW_DECAY, quick_decay: Optional[float] = QUICK_DECAY):
+        """quick_decay: the quicker average beside each figure that tells when the content
+        changed (None: none, the figure alone; the engine's pooled figures)."""
         self.decay = decay
+        self.quick_decay = quick_decay if quick_decay is not None and quick_decay < decay else None
+        self.change_at = CHANGE_Z * _difference_sd(decay, self.quick_decay) if self.quick_decay else None
         self.acceptance: List[float] = [0.5] * max_g
+        # Beside the figure: the quicker average (with the prior's judgements) and the slower
+        # one of the request's own judgements since the figure's start or its content's last change.
+        self.quick: List[float] = [0.5] * max_g
+        self.slow: List[float] = [0.5] * max_g
+        self.steady: List[int] = [0] * max_g
         self.judged: List[int] = [0] * max_g
         self.own: List[int] = [0] * max_g  # judged by this request itself (not the prior)
         self.prior_at: List[float] = [0.0] * max_g  # the prior's figure at each position (0: none)
@@ -44,11 +75,13 @@ class AcceptanceStats:
         return 1 / (1 - self.decay)
 
     @classmethod
-    def from_prior(cls, prior: "AcceptanceStats", decay: float = 0.92) -> "AcceptanceStats":
-        stats = cls(len(prior.acceptance), decay)
+    def from_prior(cls, prior: "AcceptanceStats", decay: float = SLOW_DECAY,
+                   quick_decay: Optional[float] = QUICK_DECAY) -> "AcceptanceStats":
+        stats = cls(len(prior.acceptance), decay, quick_decay)
         for i, n in enumerate(prior.judged):
             if n and prior.age[i] <= prior.remembered:
                 stats.acceptance[i], stats.judged[i] = prior.acceptance[i], min(n, cls.PRIOR_WEIGHT)
+                stats.quick[i] = prior.acceptance[i]
                 stats.prior_at[i] = prior.acceptance[i]
         return stats
 
@@ -72,10 +105,36 @@ class AcceptanceStats:
             if i and (not self.judged[i] or self._stale(i)):  # its first news in a while: weighed
                 # against the figure assumed for it (its old one is another content's)
                 self.acceptance[i], self.judged[i] = self.rates(i + 1)[i], self.PRIOR_WEIGHT
+                self.quick[i], self.steady[i] = self.acceptance[i], 0
             self.age[i] = 0
             self.judged[i] += 1
             self.own[i] += 1
-            self.acceptance[i] = average(self.acceptance[i], 1.0 if i < kept else 0.0, self.judged[i], self.decay, weight)
+            self._average(i, 1.0 if i < kept else 0.0, weight)
+
+    def _average(self, i: int, news: float, weight: Optional[float]) -> None:
+        """Position i's news. The quicker average carries the prior (or the figure assumed at a
+        first judgement) and is the figure until the request has judged the position a quicker
+        average's worth of times itself (about 12); from there the figure is the slower average
+        of the request's own judgements. Where the two part by more than chance on unchanged
+        content allows, the content changed: the figure is the quicker one's again, and the
+        request's own judgements start again (what came before the change says nothing of it)."""
+        if self.quick_decay is None:
+            self.acceptance[i] = average(self.acceptance[i], news, self.judged[i], self.decay, weight)
+            return
+        self.quick[i] = average(self.quick[i], news, self.judged[i], self.quick_decay, weight)
+        self.steady[i] += 1
+        self.slow[i] = average(self.slow[i], news, self.steady[i], self.decay, weight)
+        if self.steady[i] < 1 / (1 - self.quick_decay):
+            self.acceptance[i] = self.quick[i]
+            return
+        spread = max(self.slow[i] * (1 - self.slow[i]), 0.05) ** 0.5
+        if abs(self.quick[i] - self.slow[i]) > self.change_at * spread:
+            # (the quicker one, worth a prior's few judgements, moves as a plain mean's first
+            # observations do: it leaves the old content behind faster still)
+            self.acceptance[i], self.steady[i] = self.quick[i], 0
+            self.judged[i] = min(self.judged[i], self.PRIOR_WEIGHT)
+        else:
+            self.acceptance[i] = self.slow[i]
 
     def _stale(self, i: int) -> bool:
         """Whether this request judged position i itself, but not for a moving average's worth of

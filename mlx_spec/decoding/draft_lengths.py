@@ -67,7 +67,7 @@ class DraftLengths:
         # How guesses fare on this engine, pooled over its requests: where each request's own
         # statistics start (policy.py). Guesses copied from a request's own text (prompt lookup)
         # are left out: they say how that text repeats itself, not how the next one is guessed.
-        self.acceptance = AcceptanceStats(MAX_DRAFT_TOKENS, PRIOR_DECAY)
+        self.acceptance = AcceptanceStats(MAX_DRAFT_TOKENS, PRIOR_DECAY, quick_decay=None)
         self.seconds: Dict[Tuple[int, int], float] = {}  # (rows, positions) -> a step's time
         self.timed: Dict[Tuple[int, int], int] = {}
         # The steps settled so far (timed or not): the clock by which a time grows old. Steps,

@@ -36,7 +36,7 @@ out once until it settles or is withdrawn (its step was dropped unrun).
 from math import prod
 from typing import Optional, Tuple
 
-from .acceptance_stats import AcceptanceStats
+from .acceptance_stats import SLOW_DECAY, AcceptanceStats
 from .limits import ADAPTIVE_MAX_G, MAX_DRAFT_TOKENS
 
 MAX_PROBE_INTERVAL = 128  # plain cycles
@@ -61,7 +61,7 @@ class DraftLength:
     """A request's draft length: `fixed` guesses every cycle, or adaptive (fixed=None)."""
 
     def __init__(self, fixed: Optional[int] = None, max_g: int = ADAPTIVE_MAX_G, first_probe: int = FIRST_PROBE,
-                 probe_g: int = 1, decay: float = 0.92, prior: Optional[AcceptanceStats] = None):
+                 probe_g: int = 1, decay: float = SLOW_DECAY, prior: Optional[AcceptanceStats] = None):
         """prior: the engine's acceptance, pooled over its requests (draft_lengths.py): this
         request starts from it, and adds to it what it observes."""
         self.fixed = fixed
