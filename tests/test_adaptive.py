@@ -269,9 +269,9 @@ def _judged(stats, pattern, times):
 
 
 def test_a_run_of_kept_guesses_moves_a_settled_figure_a_little():
-    """At a = 0.7 five kept first guesses in a row come about once in 17 tries: over a moving
-    average of 12 judgements they lifted the figure by 0.10, and the choice drafted long on it
-    (docs/benchmarks.md, stop 69). Over 25 the figure moves about half as far."""
+    """At a = 0.7 five kept first guesses in a row follow any cycle with a chance of 0.17: over a
+    moving average of 12 judgements they lifted the figure by 0.10, and the choice drafted long on
+    it (docs/benchmarks.md, stop 69). Over 25 the figure moves about half as far."""
     from mlx_spec.decoding.acceptance_stats import AcceptanceStats
 
     stats = AcceptanceStats(8)

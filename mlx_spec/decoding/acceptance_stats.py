@@ -5,15 +5,15 @@ engine's cost model, which also pools these over its requests)."""
 from typing import List, Optional
 
 # A request's figures are moving averages over about 25 of its own judgements (decay 0.96). Over
-# 12 (0.92), five kept first guesses in a row (once in 17 tries at a = 0.7) lifted a settled 0.7
-# to 0.80, every deeper position unjudged counts as that, and the choice drafted long on it: on
-# the tiny checkpoint at a = 0.7, 0.96 ran faster than 0.92 in 47 of 70 paired rounds
-# (docs/benchmarks.md, stop 69). What 12 did quicker is kept: a request's first dozen judgements
-# of a position move off the engine's figure at 12's pace, and content that changes is followed at
-# it. A quicker average (0.92) runs beside each figure; where the two part by more than CHANGE_Z
-# standard deviations of their difference on unchanged content (about once in 1,400 judgements),
-# the content changed, and the quicker one is the figure again until the request has judged a
-# dozen of the new content's guesses.
+# 12 (0.92), five kept first guesses in a row (at a = 0.7, a chance of 0.17 from any cycle) lift a
+# settled 0.7 to 0.80, every deeper position not judged yet counts as that, and the choice drafted
+# long on it: on the tiny checkpoint at a = 0.7, 0.96 ran faster than 0.92 in 47 of 70 paired
+# rounds (docs/benchmarks.md, stop 69). What 12 did quicker is kept: a request's first dozen
+# judgements of a position move off the engine's figure at 12's pace, and content that changes is
+# followed at it. A quicker average (0.92) runs beside each figure; where the two part by more
+# than CHANGE_Z standard deviations of their difference on unchanged content (on unchanged
+# content, once in 900 to 1,800 judgements), the content changed, and the quicker one is the
+# figure again until the request has judged a dozen of the new content's guesses.
 SLOW_DECAY, QUICK_DECAY = 0.96, 0.92
 CHANGE_Z = 3.0
 
@@ -124,9 +124,14 @@ class AcceptanceStats:
         self.quick[i] = average(self.quick[i], news, self.judged[i], self.quick_decay, weight)
         self.steady[i] += 1
         self.slow[i] = average(self.slow[i], news, self.steady[i], self.decay, weight)
-        if self.steady[i] < 1 / (1 - self.quick_decay):
+        horizon = 1 / (1 - self.quick_decay)
+        if self.steady[i] < horizon:
             self.acceptance[i] = self.quick[i]
             return
+        if self.steady[i] - 1 < horizon:
+            # The quicker one leaves the engine's figure behind: from here both say what this
+            # request's own judgements say, and only a change of its content parts them.
+            self.quick[i] = self.slow[i]
         spread = max(self.slow[i] * (1 - self.slow[i]), 0.05) ** 0.5
         if abs(self.quick[i] - self.slow[i]) > self.change_at * spread:
             # (the quicker one, worth a prior's few judgements, moves as a plain mean's first
