@@ -379,8 +379,9 @@ def test_a_probe_that_keeps_what_was_expected_is_followed_by_no_longer_one():
         if policy.policy.probe_out and g == policy.policy.probe_g and 1 / 3 < policy.policy.stats.rates(1)[0] < 0.8:
             break
         policy.observe(g, drawn(rng, g, 0.5), cost(g))
+    else:
+        pytest.fail("no periodic probe went out while the figure lay between a third and 0.8")
     probe_g = policy.policy.probe_g
-    assert policy.policy.probe_out and g == probe_g
     policy.observe(0, 0, 1.0)  # the plain cycle that ran while the probe was chosen
     policy.choose(budget=100)  # chosen while the probe runs
     policy.observe(probe_g, probe_g, cost(probe_g))  # the probe keeps everything

@@ -57,6 +57,8 @@ class AcceptanceStats:
         self.decay = decay
         self.quick_decay = quick_decay if quick_decay is not None and quick_decay < decay else None
         self.change_at = CHANGE_Z * _difference_sd(decay, self.quick_decay) if self.quick_decay else None
+        # Judgements of its own a position's figure waits for before it is the slower average's.
+        self.quick_horizon = 1 / (1 - self.quick_decay) if self.quick_decay else None
         self.acceptance: List[float] = [0.5] * max_g
         # Beside the figure: the quicker average (with the prior's judgements) and the slower
         # one of the request's own judgements since the figure's start or its content's last change.
@@ -124,11 +126,10 @@ class AcceptanceStats:
         self.quick[i] = average(self.quick[i], news, self.judged[i], self.quick_decay, weight)
         self.steady[i] += 1
         self.slow[i] = average(self.slow[i], news, self.steady[i], self.decay, weight)
-        horizon = 1 / (1 - self.quick_decay)
-        if self.steady[i] < horizon:
+        if self.steady[i] < self.quick_horizon:
             self.acceptance[i] = self.quick[i]
             return
-        if self.steady[i] - 1 < horizon:
+        if self.steady[i] - 1 < self.quick_horizon:
             # The quicker one leaves the engine's figure behind: from here both say what this
             # request's own judgements say, and only a change of its content parts them.
             self.quick[i] = self.slow[i]
