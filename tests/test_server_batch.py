@@ -146,6 +146,38 @@ def one_row(checkpoints):
     s.stop()
 
 
+def test_an_answer_is_counted_served_as_it_is_handed_over(checkpoints):
+    """/health read the moment a client has its whole answer counts it served and no longer
+    running, though the job's task ends a turn later (a turn may be another prompt's chunk). It
+    was counted only at the task's end, and a CI run read /health between the two."""
+    import asyncio
+
+    from mlx_spec import load
+    from mlx_spec.server import Worker
+    from mlx_spec.server.generation import Done, Started
+
+    def work(engine, cache, stop, batch):
+        yield Started(1)
+        yield Done(None, "stop", "")
+        time.sleep(0.5)  # the rest of its turn
+
+    async def status_at_answer():
+        async for event in worker.submit(work):
+            if isinstance(event, Done):
+                return worker.status()
+
+    worker = Worker(lambda: load(str(checkpoints["text"]), str(checkpoints["assistant"])), 0, max_batch=2)
+    try:
+        at_answer = asyncio.run(status_at_answer())
+        assert (at_answer["served"], at_answer["running"], at_answer["dropped"]) == (1, 0, 0), at_answer
+        deadline = time.monotonic() + 10
+        while worker.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (worker.status()["served"], worker.running) == (1, []), worker.status()  # counted once
+    finally:
+        worker.close()
+
+
 def test_max_batch_one_answers_in_order(one_row, engine):
     client = openai.OpenAI(base_url=one_row.url + "/v1", api_key="none", max_retries=0)
     model = client.models.list().data[0].id

@@ -36,6 +36,7 @@ from ..errors import LoadError
 from ..together import Together
 from .admission import KVRoom, no_room, too_big
 from .agreement import Agreement, group_fault
+from .generation import Done
 from .schemas import APIError
 
 END = object()
@@ -57,6 +58,7 @@ class Job:
         self.cancelled = threading.Event()  # its client left, or the server is stopping
         self.agreed = threading.Event()  # ... as of the last agreement: what its row follows
         self.number = -1  # in the order of admission
+        self.answered = False  # its answer was handed over whole: counted served (its task may still end)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -129,7 +131,8 @@ class Worker:
     def status(self) -> dict:
         with self._lock:
             down = {"down": self.down} if self.down is not None else {}
-            return {**down, "running": len(self.running), "waiting": len(self.waiting) + self.jobs.qsize(),
+            running = sum(not job.answered for job in self.running)
+            return {**down, "running": running, "waiting": len(self.waiting) + self.jobs.qsize(),
                     "max_batch": self.max_batch, "batch": dict(self.snapshot), "served": self.served,
                     "refused": self.refused, "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
 
@@ -273,7 +276,7 @@ class Worker:
                 self.running.append(self.waiting.popleft())
             self.agreement.admit(job)
             together.add(lambda stop, job=job: job.work(self.engine, self.cache, stop, together.batch),
-                         job.emit, job.agreed.is_set).info["job"] = job
+                         lambda event, job=job: self._emit(job, event), job.agreed.is_set).info["job"] = job
 
     def _after_turn(self, together: Together) -> None:
         """Finish the jobs whose tasks ended, and note the batch's figures for /health."""
@@ -288,12 +291,21 @@ class Worker:
             self.snapshot = {"rows": rows, "tokens_per_second": rate, "steps": together.batch.steps}
             self.cache_info = {"sequences": len(self.cache), "bytes": self.cache.nbytes}
 
+    def _emit(self, job: Job, event: Any) -> None:
+        """A running job's event. Its whole answer is counted served as it is handed over: its
+        task ends a turn later (a turn may be another prompt's chunk), and a client that has its
+        answer reads /health with it served, not running (a CI run read it between the two)."""
+        if isinstance(event, Done):
+            with self._lock:
+                job.answered, self.served = True, self.served + 1
+        job.emit(event)
+
     def _finish(self, job: Job, refused: bool = False) -> None:
         """The job ended: answered (whole, cut or failed), or refused at admission."""
         with self._lock:
             if job in self.running:
                 self.running.remove(job)
-            self.served += not refused
+            self.served += not (refused or job.answered)
             self.refused += refused
-            self.dropped += job.cancelled.is_set()
+            self.dropped += job.cancelled.is_set() and not job.answered
         job.emit(END)
