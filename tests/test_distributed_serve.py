@@ -331,7 +331,7 @@ def test_an_idle_follower_sleeps_between_heartbeats_and_a_busy_one_never(monkeyp
     20 s; 3.0 now, docs/distributed.md). After a point with no news and no job of its own, it
     sleeps through most of the next heartbeat's wait; with news or a job running, it never does."""
     import mlx_spec.server.agreement as agreement
-    from mlx_spec.server.worker import HEARTBEAT
+    from mlx_spec.server.agreement import HEARTBEAT
 
     slept = []
     monkeypatch.setattr(agreement.time, "sleep", slept.append)

@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from typing import Any, AsyncIterator, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from mlx_lm.generate import wired_limit
 
@@ -35,50 +35,13 @@ from ..decoding.prompt_cache import PromptCache
 from ..errors import LoadError
 from ..together import Together
 from .admission import KVRoom, no_room, too_big
-from .agreement import Agreement, group_fault
+from .agreement import HEARTBEAT, Agreement, group_fault
 from .generation import Done
+from .job import END, Job
 from .schemas import APIError
 
-END = object()
 LOG = logging.getLogger("mlx_spec.server")
 DEFAULT_MAX_BATCH = 8
-# Seconds between a group's heartbeats while the server waits for requests. Short: an idle
-# follower waits for the next one inside a collective, and MLX's ring backend waits by spinning
-# (a core busy on every follower, measured: 12.9 CPU-s in 20 s at 5 s). The follower sleeps
-# through most of each (agreement.py), and a new request waits for at most one.
-HEARTBEAT = 0.05
-
-
-class Job:
-    def __init__(self, work: Callable[..., Iterator[Any]], loop: asyncio.AbstractEventLoop, positions: int = 0):
-        self.work = work
-        self.loop = loop
-        self.positions = positions  # the most positions its sequence may reach (prompt and answer)
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()  # its client left, or the server is stopping
-        self.agreed = threading.Event()  # ... as of the last agreement: what its row follows
-        self.number = -1  # in the order of admission
-        self.answered = False  # its answer was handed over whole: counted served (its task may still end)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def emit(self, event: Any) -> None:
-        """From the worker thread: hand an event to the event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: the server is shutting down
-            self.cancel()
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        """The job's events; an exception raised by its work is raised here."""
-        while True:
-            event = await self.events.get()
-            if event is END:
-                return
-            if isinstance(event, BaseException):
-                raise event
-            yield event
 
 
 class Worker:
