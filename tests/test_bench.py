@@ -262,25 +262,7 @@ def test_batch(tiny_models, tmp_path):
     assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
 
 
-def test_group(tiny_models, tmp_path):
-    """The target split over 2 processes of the ring backend (the real mlx.launch): every run
-    gives the tokens it gives alone, the all-reduces per cycle are at least the pass's two per
-    layer, and the report shows the JSON's figures and the 31B's predicted rows."""
-    _, data = run_script("group", *tiny_models, "--rounds", "1", "--prompt-tokens", "24", "--max-tokens", "12",
-                         tmp_path=tmp_path)
-    runs = data["runs"]
-    assert [r["run"] for r in runs] == ["MTP off", "g = 3", "adaptive"]
-    layers = 10  # the tiny target's (tests/tiny.py): attention and MLP each end in an all-reduce
-    for r in runs:
-        assert r["same_tokens"] and r["alone_tps"] > 0 and r["split_tps"] > 0
-        assert 2 * layers <= r["all_reduces_per_cycle"] < 2 * layers + 5
-        assert r["bytes_sent_per_token_per_rank"] > 0
-    assert_shown(report_rows(tmp_path / "results", "group", "same tokens"), runs, {
-        "run": lambda r: r["run"], "alone tok/s": lambda r: f"{r['alone_tps']:.1f}",
-        "all-reduces per cycle": lambda r: f"{r['all_reduces_per_cycle']:.1f}"})
-    predicted = data["predicted_31b"]
-    assert {r["ranks"] for r in predicted} == {1, 2, 4}
-    assert all(r["mtp"][-1]["tps"] > r["mtp_off_tps"] for r in predicted)  # drafting pays at a = 0.7
+# The group table: tests/test_bench_anywhere.py, from a fresh install called by its path.
 
 
 def test_group_cost_model_reads_its_share_and_pays_its_latency():
@@ -608,7 +590,7 @@ def test_all_tables_in_one_folder_with_a_block_to_paste(tiny_models, tmp_path):
     """`mlx-spec bench all --quick`: every table into one folder (JSON, markdown), the report with
     a plot per table, a progress bar per table on standard error, and the block to paste last.
     The group, batch and controlled tables, three of its slowest minutes here, are left out with
-    `--skip` (test_group, test_batch and test_controlled run them into their folder, as `all`
+    `--skip` (test_bench_anywhere, test_batch and test_controlled run them into their folder, as `all`
     does)."""
     out = tmp_path / "all"
     proc = mlx_spec_bench("all", *tiny_models, "--quick", "--workloads", "tool call", "--skip", "group,batch,controlled",

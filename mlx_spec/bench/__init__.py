@@ -15,12 +15,13 @@ import importlib
 import io
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import List, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from ..errors import SettingsError
 from . import report
-from .common import results_folder
+from .common import TableSkipped, results_folder
 
 TABLES = {"positions": "positions", "acceptance": "acceptance", "draft-length": "draft_length",
           "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch", "group": "group"}
@@ -79,8 +80,8 @@ def run(table: str, argv: Sequence[str], draw: bool = True) -> Path:
     return folder
 
 
-def _draw(folder: Path) -> None:
-    written = report.write(folder)
+def _draw(folder: Path, missing: Optional[Dict[str, "Missing"]] = None) -> None:
+    written = report.write(folder, {table: f"{why.kind}: {why.reason}" for table, why in (missing or {}).items()})
     print(f"Report: {written}" + ("" if report.have_plots() else f" (tables only; {report.PLOTS_MISSING})"))
 
 
@@ -99,14 +100,53 @@ def run_all(argv: Sequence[str]) -> Path:
         raise SettingsError(f"`mlx-spec bench all` takes {', '.join({**SHARED, **ROUTED})} and --skip; "
                          f"give {unknown[0]} to one table instead")
     tables = [table for table in TABLES if table not in skipped]
-    start = time.perf_counter()
+    start, missing, stopped = time.perf_counter(), {}, False
     for i, table in enumerate(tables, 1):
         print(f"\n# [{i}/{len(tables)}] {table} ({time.perf_counter() - start:.0f} s so far)\n", file=sys.stderr)
-        run(table, _for_table(table, argv), draw=False)  # the report is drawn once, at the end
+        try:
+            missing.update(_attempt(table, _for_table(table, argv)))  # the report is drawn once, at the end
+        except KeyboardInterrupt:  # (Ctrl-C: the tables done are kept and drawn, then the stop goes on)
+            missing[table], stopped = Missing("stopped", "Ctrl-C while it ran"), True
+            break
     folder = folder_of(argv)
-    _draw(folder)
-    print("\n" + summary(folder, tables))
+    _draw(folder, missing)
+    print("\n" + summary(folder, [t for t in tables if t not in missing], missing))
+    failed = {table: why for table, why in missing.items() if why.kind == "failed"}
+    if stopped:
+        raise KeyboardInterrupt
+    if failed:
+        raise SystemExit(f"mlx-spec bench all: {len(failed)} of {len(tables)} tables failed (the report holds the "
+                         f"others): " + "; ".join(f"{table}: {why.reason}" for table, why in failed.items()))
     return folder
+
+
+class Missing(NamedTuple):
+    """Why a table of `all` has no figures in this run: skipped (it cannot run on this install),
+    failed or stopped, and the reason as the table gave it."""
+
+    kind: str
+    reason: str
+
+
+def _attempt(table: str, argv: Sequence[str]) -> Dict[str, Missing]:
+    """One table of `all`; {} when it wrote its figures, else {table: why not}. A table that
+    fails is named and the run goes on to the others."""
+    try:
+        run(table, argv, draw=False)
+    except TableSkipped as skipped:
+        print(f"mlx-spec bench all: {table} skipped: {skipped}", file=sys.stderr)
+        return {table: Missing("skipped", str(skipped))}
+    except SystemExit as ended:
+        if ended.code in (0, None):
+            return {}
+        why = str(ended.code).strip()
+    except Exception as error:  # (a bug in a table: its traceback, and the other tables still run)
+        traceback.print_exc()
+        why = f"{type(error).__name__}: {error}"
+    else:
+        return {}
+    print(f"mlx-spec bench all: {table} failed: {why}", file=sys.stderr)
+    return {table: Missing("failed", why)}
 
 
 def without_skip(argv: List[str]):
@@ -141,10 +181,10 @@ def _for_table(table: str, argv: Sequence[str]) -> List[str]:
     return out
 
 
-def summary(folder: Path, ran: Sequence[str] = tuple(TABLES)) -> str:
+def summary(folder: Path, ran: Sequence[str] = tuple(TABLES), missing: Optional[Dict[str, Missing]] = None) -> str:
     """A short block for an issue or a discussion: the machine, the headline ratios, the report;
     from the tables `ran` (a folder given again with --out may hold others, from an earlier run,
-    which the block names as such)."""
+    which the block names as such), with a line for each table `missing` from this run."""
     import json
 
     def load(name):
@@ -157,6 +197,8 @@ def summary(folder: Path, ran: Sequence[str] = tuple(TABLES)) -> str:
     earlier = [table for table, module in TABLES.items() if table not in ran and (folder / f"{module}.json").is_file()]
     if earlier:
         lines.append(f"(in the report from an earlier run, not this one: {', '.join(earlier)})")
+    for table, why in (missing or {}).items():
+        lines.append(f"{table}: {why.kind}: {why.reason.splitlines()[0] if why.reason else ''}")
     if first:
         m = first["machine"]
         lines.append(f"machine: {m['chip']}, {m['memory_gb']} GB, {m['os']}, "

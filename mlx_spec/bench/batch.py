@@ -110,7 +110,7 @@ def main(argv=None):
     parser.add_argument("--prompt-tokens", type=length_range, default="32,384", help="prompt lengths drawn from this range [32,384]")
     parser.add_argument("--answer-tokens", type=length_range, default="48,160", help="answer lengths drawn from this range [48,160]")
     parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds of every configuration [3]")
-    args = parse(parser, argv, quick=dict(concurrency="1,2,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
+    args = parse(parser, argv, quick=dict(concurrency="1,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
     levels, prompt_range, answer_range = args.concurrency, args.prompt_tokens, args.answer_tokens
     engine = build_engine(args).with_stop_tokens([])  # every answer runs its whole budget
     info = machine()

@@ -23,6 +23,11 @@ SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
 APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
 
 
+class TableSkipped(SystemExit):
+    """A table that cannot run on this install, for a reason its message names: `bench all`
+    notes it in the report and goes on; a table run alone exits with the message."""
+
+
 def arguments(description: str, prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, prog=prog)
     parser.add_argument("--model", default=None,

@@ -18,8 +18,11 @@ import shutil
 import statistics
 import subprocess
 import sys
+from importlib import metadata
+from pathlib import Path
+from typing import List, Optional
 
-from .common import Progress, arguments, header, machine, markdown, parse, write_json
+from .common import Progress, TableSkipped, arguments, header, machine, markdown, parse, write_json
 from .checks import at_least
 from .group_cost import LINK_GBPS, table
 from .models import describe_models
@@ -35,9 +38,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds (alone, split) [3]")
     parser.add_argument("--prompt-tokens", type=at_least(1), default=128, help="the prompt's length [128]")
     parser.add_argument("--max-tokens", type=at_least(1), default=64, help="tokens per run [64]")
-    args = parse(parser, argv, quick=dict(rounds=1, prompt_tokens=32, max_tokens=24))
-    if shutil.which("mlx.launch") is None:
-        raise SystemExit("mlx.launch (installed with mlx) is not on the PATH")
+    args = parse(parser, argv, quick=dict(rounds=1, prompt_tokens=24, max_tokens=16))
+    launcher = find_launcher()
+    if launcher is None:
+        raise TableSkipped(f"the group table needs MLX's launcher, mlx.launch, and found it in none of "
+                           f"{', '.join(launcher_places())}; it comes with mlx: pip install mlx "
+                           f"(into the environment of {sys.executable})")
     settings = {"random_weights": args.random_weights, "shape": args.shape, "model": args.model,
                 "drafter": args.drafter, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                 "runs": RUNS}
@@ -49,7 +55,7 @@ def main(argv=None):
     progress = Progress("group", args.rounds)
     rounds = []
     for i in range(args.rounds):
-        rounds.append({"alone": run(settings, 1), "split": run(settings, args.ranks)})
+        rounds.append({"alone": run(settings, 1), "split": run(settings, args.ranks, launcher)})
         progress.step(f"round {i + 1}")
     rows, records = summary(rounds, args.ranks)
     print(markdown(["run", "alone tok/s", f"{args.ranks} ranks tok/s", "split / alone", "all-reduces per cycle",
@@ -71,12 +77,34 @@ def main(argv=None):
     print(f"\nJSON: {write_json('group', args, {'machine': info, 'models': models, 'ranks': args.ranks, 'runs': records, 'logits': moved, 'rounds': rounds, 'predicted_31b': cost_records})}")
 
 
-def run(settings: dict, ranks: int) -> dict:
-    """One worker run (bench/group_rank.py): alone, or under mlx.launch over `ranks` processes."""
+def launcher_places() -> List[str]:
+    """Where MLX's launcher may be, in the order looked: beside the interpreter running us (a
+    venv or pipx called by its path puts nothing on the PATH), where pip put mlx's own scripts
+    (a venv over the system's packages), then the PATH."""
+    places = [str(Path(sys.executable).parent / "mlx.launch")]
+    try:
+        places += [str(Path(metadata.distribution("mlx").locate_file(file)).resolve())
+                   for file in metadata.distribution("mlx").files or () if Path(str(file)).name == "mlx.launch"]
+    except metadata.PackageNotFoundError:  # (mlx installed some other way: no record of its scripts)
+        pass
+    return list(dict.fromkeys(places)) + ["the PATH"]
+
+
+def find_launcher() -> Optional[str]:
+    """The first mlx.launch of launcher_places() that can be run, else None."""
+    for place in launcher_places()[:-1]:
+        if os.path.isfile(place) and os.access(place, os.X_OK):
+            return place
+    return shutil.which("mlx.launch")
+
+
+def run(settings: dict, ranks: int, launcher: Optional[str] = None) -> dict:
+    """One worker run (bench/group_rank.py): alone, or under `launcher` (mlx.launch) over `ranks`
+    processes."""
     worker = [sys.executable, "-m", "mlx_spec.bench.group_rank", json.dumps(settings)]
     command = worker
     if ranks > 1:
-        command = [shutil.which("mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+        command = [launcher, "--backend", "ring", "-n", str(ranks)]
         for name, value in THREADS.items():
             command += ["--env", f"{name}={value}"]
         command += worker

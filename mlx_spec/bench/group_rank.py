@@ -84,7 +84,7 @@ def main(settings: dict) -> None:
     for name, options in settings["runs"].items():
         options = Options(max_tokens=settings["max_tokens"], **options)
         out["runs"][name] = {**timed(engine, prompt, options),
-                             **collectives(engine, prompt, replace(options, max_tokens=24))}
+                             **collectives(engine, prompt, replace(options, max_tokens=min(24, settings["max_tokens"])))}
     if group is None or group.rank() == 0:
         print(json.dumps(out), flush=True)
 

@@ -18,14 +18,18 @@ TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
-def write(folder: Path) -> Path:
-    """report.html in `folder`, from the tables' JSON and markdown found there."""
+def write(folder: Path, missing: Optional[Dict[str, str]] = None) -> Path:
+    """report.html in `folder`, from the tables' JSON and markdown found there; `missing` names
+    the tables (as the command spells them) that wrote nothing in this run, and why."""
     folder = Path(folder)
     plot = _plotter()
     sections = []
     for table in TABLES:
+        why_not = (missing or {}).get(table.replace("_", "-"))
         data_file = folder / f"{table}.json"
         if not data_file.is_file():
+            if why_not:
+                sections.append(_section(table, [], "", f"Not in this run: {why_not}"))
             continue
         data = json.loads(data_file.read_text())
         text = (folder / f"{table}.md").read_text() if (folder / f"{table}.md").is_file() else ""
@@ -33,7 +37,8 @@ def write(folder: Path) -> Path:
         for i, (_, png) in enumerate(images, 1):
             (folder / "plots").mkdir(exist_ok=True)
             (folder / "plots" / f"{table}-{i}.png").write_bytes(base64.b64decode(png))
-        sections.append(_section(table, images, text))
+        sections.append(_section(table, images, text, why_not and (
+            f"Not in this run: {why_not}. The figures below are from an earlier run into this folder.")))
     note = "" if plot else f"<p><b>{html.escape(PLOTS_MISSING)}</b></p>"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mlx-spec bench</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
@@ -48,9 +53,11 @@ def have_plots() -> bool:
     return _plotter() is not None
 
 
-def _section(table: str, images: List[str], text: str) -> str:
+def _section(table: str, images: List[str], text: str, note: Optional[str] = None) -> str:
     pictures = "".join(f'<img alt="{html.escape(t)}" src="data:image/png;base64,{b}">' for t, b in images)
-    return f"<h2>{html.escape(table.replace('_', ' '))}</h2>{pictures}<pre>{html.escape(text)}</pre>"
+    said = f"<p><b>{html.escape(note)}</b></p>" if note else ""
+    body = f"<pre>{html.escape(text)}</pre>" if text or images else ""
+    return f"<h2>{html.escape(table.replace('_', ' '))}</h2>{said}{pictures}{body}"
 
 
 def _plotter() -> Optional[Callable]:
