@@ -234,8 +234,8 @@ def test_draft_length(tiny_models, tmp_path):
 def test_batch(tiny_models, tmp_path):
     """Several requests at once: every configuration at every concurrency, the same tokens as
     MTP off (greedy), and the table shows the JSON's figures."""
-    _, data = run_script("batch", *tiny_models, "--concurrency", "1,3", "--prompt-tokens", "8,40",
-                         "--answer-tokens", "6,16", "--rounds", "2", tmp_path=tmp_path)
+    stdout, data = run_script("batch", *tiny_models, "--concurrency", "1,3", "--prompt-tokens", "8,40",
+                              "--answer-tokens", "6,16", "--rounds", "2", "--trace", tmp_path=tmp_path)
     levels = data["levels"]
     assert [r["concurrency"] for r in levels] == [1, 3]
     for r in levels:
@@ -260,6 +260,20 @@ def test_batch(tiny_models, tmp_path):
         assert r["prompts_s"] > 0
         assert len(r["ratios"]["decoding: default / one after another"]["rounds"]) == 2
     assert [b["bar"] for b in data["bars"]] == [f"{c} at once: default / {p} >= 1" for c in (1, 3) for p in ("off", "mlx-lm")]
+    # The trace (--trace): the default's steps of both rounds, each shape's steps counted, the
+    # steps with guesses and their time a part of the whole, and the report shows the figures.
+    for r in levels:
+        trace = r["trace"]
+        c = r["concurrency"]  # (a step settles at most 9 tokens a row; each row's first cycle runs alone, untraced)
+        assert trace["steps"] >= 2 * (r["default"]["generated"] - c) / (9 * c) > 0 and trace["with_guesses"] <= trace["steps"]
+        assert sum(shape["steps"] for shape in trace["shapes"].values()) <= trace["steps"]
+        assert all(int(shape.split("x")[0]) <= r["concurrency"] for shape in trace["shapes"])
+        assert trace["guess_seconds"] + trace["plain_seconds"] == pytest.approx(trace["seconds"])
+    assert "The trace (--trace)" in stdout
+    assert_shown(report_rows(tmp_path / "results", "batch", "extra / steps' time"), levels, {
+        "at once": lambda r: str(r["concurrency"]), "steps": lambda r: str(r["trace"]["steps"]),
+        "with guesses": lambda r: str(r["trace"]["with_guesses"]),
+        "extra / steps' time": lambda r: f"{100 * r['trace']['guess_extra_share']:.1f}%"})
 
 
 # The group table: tests/test_bench_anywhere.py, from a fresh install called by its path.

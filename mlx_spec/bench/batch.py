@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ..options import Options
+from . import batch_trace
 from .checks import at_least, length_range, whole_numbers
 from .common import Progress, arguments, header, machine, markdown, parse, write_json
 from .models import build_engine, describe_models
@@ -110,6 +111,8 @@ def main(argv=None):
     parser.add_argument("--prompt-tokens", type=length_range, default="32,384", help="prompt lengths drawn from this range [32,384]")
     parser.add_argument("--answer-tokens", type=length_range, default="48,160", help="answer lengths drawn from this range [48,160]")
     parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds of every configuration [3]")
+    parser.add_argument("--trace", action="store_true",
+                        help="record the default's steps: where its time goes, steps with guesses against plain ones")
     args = parse(parser, argv, quick=dict(concurrency="1,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
     levels, prompt_range, answer_range = args.concurrency, args.prompt_tokens, args.answer_tokens
     engine = build_engine(args).with_stop_tokens([])  # every answer runs its whole budget
@@ -118,22 +121,25 @@ def main(argv=None):
     print(header("Several requests at once", info, {"concurrency": levels, "prompt": prompt_range, "rounds": args.rounds,
                                                      "answer": answer_range, **describe_models(args)}))
     progress = Progress("batch", len(levels) * args.rounds)
-    rows = [measure(engine, pool[:c], progress, c, args.rounds) for c in levels]
+    rows = [measure(engine, pool[:c], progress, c, args.rounds, args.trace) for c in levels]
     results = {"machine": info, "models": describe_models(args), "levels": rows, "rounds": args.rounds,
                "step_ms": engine.draft_lengths.table(),
                "probe_extra_ms": engine.draft_lengths.probe_table(), "bars": judged(rows)}
     print_tables(rows, results["bars"])
+    if args.trace:
+        batch_trace.print_summary(rows)
     print(f"\nJSON: {write_json('batch', args, results)}")
 
 
-def measure(engine, batch, progress, c: int, rounds: int) -> dict:
+def measure(engine, batch, progress, c: int, rounds: int, trace: bool = False) -> dict:
     # A short untimed run of each configuration first: the compiled functions of this batch size
     # (the pass of each length, the acceptance of each draft) are traced out of the figures.
     short = [(prompt, min(n, 8)) for prompt, n in batch]
     for settings in (dict(), dict(mtp=False), dict(draft_tokens=G)):
         timed_ours(engine, short, **settings)
     timed_mlx_lm(engine, short)
-    configs = {"default": lambda: timed_ours(engine, batch), "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
+    steps = []  # the default's, recorded by the cost model (--trace)
+    configs = {"default": lambda: recorded(engine, steps if trace else None, lambda: timed_ours(engine, batch)), "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
                "fixed_g": lambda: timed_ours(engine, batch, draft_tokens=G), "mlx_lm": lambda: timed_mlx_lm(engine, batch),
                "one_after_another": lambda: timed_one_after_another(engine, batch)}
     # The prompts alone (each answer one token): the same passes in every configuration, so what
@@ -163,7 +169,18 @@ def measure(engine, batch, progress, c: int, rounds: int) -> dict:
         (b["seconds"] - p["seconds"]) / (a["seconds"] - p["seconds"])
         for a, b, p in zip(runs["default"], runs["one_after_another"], runs["prompts"])])
     row["step_cost"] = step_cost(engine, c)
+    if trace:
+        row["trace"] = batch_trace.summary(steps)
     return row
+
+
+def recorded(engine, steps, run):
+    """run() with the engine's cost model recording every settled step into `steps` (None: not)."""
+    engine.draft_lengths.trace = steps
+    try:
+        return run()
+    finally:
+        engine.draft_lengths.trace = None
 
 
 def spread(values: list) -> dict:

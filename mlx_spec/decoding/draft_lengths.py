@@ -18,9 +18,12 @@ draft's measured time (noise slows steps: an error that makes a length look chea
 and timed again, one that makes it look dear would stay). A row with a fixed
 length drafts that, a row without a drafter none, a row whose probe is due its probe (with the
 rows whose probes are nearly due: policy.py); and beside
-rows that gain from the drafts, a row whose own gain is next to nothing drafts none (its probes
-keep watching). So a row may draft 0 beside rows that draft 6, and where the pass becomes
-compute-bound as the batch grows (T grows with L), drafting stops by itself.
+rows that gain from the drafts, or in a step another row's probe widens, a row whose own gain is
+next to nothing drafts none (its probes keep watching): its drafting work would cost every row of
+the batch for nothing. A probe that prompt lookup alone makes widens no step where it finds
+nothing, so the others do not count on its width. So a row may draft 0 beside rows that draft 6,
+and where the pass becomes compute-bound as the batch grows (T grows with L), drafting stops by
+itself.
 
 On a machine whose speed drifts, times taken at different moments drift apart: a time weighs
 less the older it is, and a length the choice avoids is timed again now and then (retiming.py).
@@ -34,12 +37,12 @@ climbs to the best measured length instead of stopping where the line pointed.
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
+from .step_lines import PER_GUESS, fit
 from .lockstep import Lockstep
 from .acceptance_stats import AcceptanceStats, average
 from .policy import DUE, MIN_GAIN, DraftLength, probe_terms
 from .retiming import Retiming
 
-PER_GUESS = 0.25  # the cost model's prior: a guess adds a quarter of a plain position
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 STALE_DECAY = 0.99  # per step since a length was last timed: how much its old time still says
@@ -81,17 +84,22 @@ class DraftLengths:
         self.probe_extra: Dict[Tuple[int, int], float] = {}
         self.probes_timed: Dict[Tuple[int, int], int] = {}
         self._memo: Optional[Dict[Tuple[int, int], float]] = None  # step times while a step is chosen
+        # A probe's times by (rows, its positions) while a step is chosen: every row of a batch asks.
+        self._probe_memo: Optional[Dict[Tuple[int, int], tuple]] = None
+        # Each settled step's shape, g per row, time and expected time, where the bench asks for
+        # them (`bench batch --trace`: step_clock.py appends); None: not recorded.
+        self.trace: Optional[List[dict]] = None
 
     def choose(self, asks: List[Ask]) -> List[int]:
         """Each row's g for the next step of these rows (probes handed out are marked so)."""
         # The table holds still while a step is chosen, and the choice reads a length's time
         # several times (the best length, the retiming's rates): each is worked out once. This
         # runs on the host every step, beside a plain step of a few milliseconds.
-        self._memo = {}
+        self._memo, self._probe_memo = {}, {}
         try:
             return self._choose(asks)
         finally:
-            self._memo = None
+            self._memo = self._probe_memo = None
 
     def _choose(self, asks: List[Ask]) -> List[int]:
         batch, gs, deciders = len(asks), [0] * len(asks), []
@@ -116,7 +124,10 @@ class DraftLengths:
                 policy.handed_out(gs[i])
             deciders = [d for d in deciders if not wanted[d[0]]]
         if deciders:
-            others = [(a.policy, gs[i]) for i, a in enumerate(asks) if a.budget > 0 and i not in {d[0] for d in deciders}]
+            # A probe the free drafters alone make (prompt lookup) drafts nothing where they find
+            # nothing: it widens the step only then, so the others may not count on its width.
+            others = [(a.policy, 0 if a.policy is not None and a.policy.free_only else gs[i])
+                      for i, a in enumerate(asks) if a.budget > 0 and i not in {d[0] for d in deciders}]
             for (i, policy, cap), g in zip(deciders, self._best(batch, deciders, others)):
                 gs[i] = g
         return gs
@@ -133,7 +144,10 @@ class DraftLengths:
         if best == 0:
             return [0] * len(deciders)
         gains = [policy.stats.expected_tokens(min(best, cap)) - 1 for _, policy, cap in deciders]
-        return [0 if gain < MIN_GAIN <= max(gains) else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
+        # Next to nothing to gain: beside rows that gain, or in a step whose width other rows set
+        # (a probe's), the row's drafting work would cost the whole batch for it: it drafts none.
+        alongside = floor > 0 or MIN_GAIN <= max(gains)
+        return [0 if gain < MIN_GAIN and alongside else min(best, cap) for gain, (_, _, cap) in zip(gains, deciders)]
 
     def fastest(self, batch: int, deciders, others=(), shortest: int = 0) -> int:
         """The common g of the deciding rows ((index, policy, cap) each) with the most expected
@@ -206,6 +220,15 @@ class DraftLengths:
         return policy.probe_every(*self._probe_times(policy, batch))
 
     def _probe_times(self, policy: DraftLength, batch: int):
+        """`_measured_probe_times`, worked out once per probe length while a step is chosen."""
+        if self._probe_memo is None:
+            return self._measured_probe_times(policy.probe_g, batch)
+        key = (batch, policy.probe_g)
+        if key not in self._probe_memo:
+            self._probe_memo[key] = self._measured_probe_times(policy.probe_g, batch)
+        return self._probe_memo[key]
+
+    def _measured_probe_times(self, probe_g: int, batch: int):
         """(a plain step's time, a probe step's) at this batch size: a plain step and a probe's
         measured extra over it (`observe_probe`; where none was measured at this size, the
         nearest size's, in proportion to the plain steps' times: probes are rarely timed beside
@@ -215,7 +238,7 @@ class DraftLengths:
         plain = self.seconds.get((batch, 1))
         if plain is None:
             return None, None
-        positions = policy.probe_g + 1
+        positions = probe_g + 1
         measured = [b for b, p in self.probe_extra if p == positions and (b, 1) in self.seconds]
         if measured:
             nearest = min(measured, key=lambda b: (abs(b - batch), b))
@@ -230,12 +253,12 @@ class DraftLengths:
         has one; the prior where nothing is known."""
         known = self._known(batch)
         if len(known) >= 2:
-            return _fit(known)
+            return fit(known)
         others = [b for b in {rows for rows, _ in self.seconds} if b != batch and len(self._known(b)) >= 2]
         if not others:
             shape = lambda positions: 1 + PER_GUESS * (positions - 1)  # noqa: E731
         else:
-            shape = _fit(self._known(min(others, key=lambda b: abs(b - batch))))
+            shape = fit(self._known(min(others, key=lambda b: abs(b - batch))))
         if not known:
             return shape
         positions, its_time = known[0]
@@ -276,20 +299,3 @@ class DraftLengths:
         """A probe's measured extra over a plain step, 'rows x positions' -> milliseconds."""
         return {f"{b}x{p}": 1000 * t for (b, p), t in sorted(self.probe_extra.items())}
 
-
-def _fit(known):
-    """fit_line through (positions, seconds), held below the shortest timed length to at least
-    the prior's slope from it."""
-    shortest, its_time = known[0]
-    return fit_line(known, lambda p: its_time * (1 + PER_GUESS * (p - 1)) / (1 + PER_GUESS * (shortest - 1)))
-
-
-def fit_line(known, prior):
-    """A least-squares line through (length, seconds) points (two or more), never below zero,
-    and below the shortest length never below `prior`."""
-    shortest, n = known[0][0], len(known)
-    mean_x = sum(k for k, _ in known) / n
-    mean_t = sum(t for _, t in known) / n
-    spread = sum((k - mean_x) ** 2 for k, _ in known)
-    slope = sum((k - mean_x) * (t - mean_t) for k, t in known) / spread
-    return lambda x: max(mean_t + slope * (x - mean_x), prior(x) if x < shortest else 1e-6)
