@@ -6,9 +6,13 @@ batch of 8 on this project's CPU, roughly, and guesses that are never kept, as a
 are: the regime where drafting must cost the batch next to nothing."""
 
 import numpy as np
+import pytest
+
+import tiny
 
 from mlx_spec.decoding.draft_lengths import Ask, DraftLengths
 from mlx_spec.decoding.policy import PROBE_OVERHEAD, DraftLength
+from mlx_spec.options import Options
 from test_adaptive import cpu_cost, engine_after
 
 ROWS = 8
@@ -96,3 +100,44 @@ def test_rows_that_gain_still_draft_beside_a_probe():
     probing.plain_streak = 10_000  # its periodic probe is due
     gs = lengths.choose([Ask(good, 100), Ask(probing, 100)] + [Ask(None, 0)] * (ROWS - 2))
     assert gs[1] == probing.probe_g and gs[0] >= 1, gs
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 1.0])
+def test_controlled_guesses_in_a_batch_share_the_assistant_s_steps(engine, monkeypatch, acceptance):
+    """`bench batch --acceptance`: each request's guesses are its own reference's, kept at the
+    set acceptance, while the assistant runs once a step for every row, as the real drafter does
+    in a batch (a row drafting alone would price a batch's drafts at B times their cost). Every
+    answer is MTP off's; at 1 every guess is kept, at 0 none, between some."""
+    from mlx_spec.bench.runs import ControlledDrafter
+    from mlx_spec.drafting.mtp import MTPDrafter
+
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(5, tiny.VOCAB, int(n)).tolist() for n in (12, 30, 21, 40)]
+    off = engine.generate_many(prompts, max_tokens=24, mtp=False)
+    calls = {"together": 0, "row by row": 0}
+    batched, by_row = MTPDrafter.draft_batch_steps, MTPDrafter.draft_steps
+
+    def together(self, *args):
+        calls["together"] += 1
+        return (yield from batched(self, *args))
+
+    def row_by_row(self, *args):
+        calls["row by row"] += 1
+        return (yield from by_row(self, *args))
+
+    monkeypatch.setattr(MTPDrafter, "draft_batch_steps", together)
+    monkeypatch.setattr(MTPDrafter, "draft_steps", row_by_row)
+    options = [Options(max_tokens=24, draft_tokens=3, drafter=ControlledDrafter(
+        engine.mtp_drafter, prompt + answer.tokens, tiny.VOCAB, acceptance, seed=i))
+        for i, (prompt, answer) in enumerate(zip(prompts, off))]
+    results = engine.generate_many(prompts, options)
+    assert [r.tokens for r in results] == [r.tokens for r in off]
+    drafted, kept = sum(r.stats.drafted for r in results), sum(r.stats.kept for r in results)
+    assert drafted > 0 and calls["together"] > 0
+    assert calls["row by row"] <= len(prompts)  # each row's first cycle, alone before it joins
+    if acceptance == 1.0:
+        assert kept == drafted
+    elif acceptance == 0.0:
+        assert kept == 0
+    else:
+        assert 0 < kept < drafted

@@ -276,6 +276,34 @@ def test_batch(tiny_models, tmp_path):
         "extra / steps' time": lambda r: f"{100 * r['trace']['guess_extra_share']:.1f}%"})
 
 
+
+def test_batch_at_set_acceptances(tiny_models, tmp_path):
+    """`--acceptance 0,1`: each request's guesses are its own MTP off answer's, kept at the set
+    chance, while the real assistant runs: at 1 every guess the default and g = 6 draft is kept
+    (but those past a request's budget), at 0 none; every answer is MTP off's; each row and bar names its acceptance, and where
+    guesses are kept the default is also set against g = 6."""
+    _, data = run_script("batch", *tiny_models, "--concurrency", "2", "--prompt-tokens", "8,24",
+                         "--answer-tokens", "16,24", "--rounds", "1", "--acceptance", "0,1", tmp_path=tmp_path)
+    levels = data["levels"]
+    assert [(r["acceptance"], r["concurrency"]) for r in levels] == [(0.0, 2), (1.0, 2)]
+    for r in levels:
+        assert all(r["same_tokens"].values()), r["same_tokens"]
+        for config in ("fixed_g", "default"):
+            drafted, kept = r[config]["drafted"], r[config]["kept"]
+            if r["acceptance"] == 0:
+                assert kept == 0, config
+            else:  # (a request's last cycle may draft past its budget: those guesses are cut, not kept)
+                assert drafted - 2 * 6 <= kept <= drafted and kept > 0, (config, drafted, kept)
+        assert r["fixed_g"]["drafted"] > 0
+    assert levels[1]["default"]["drafted"] > 0  # every guess kept: the default drafts
+    assert [b["bar"] for b in data["bars"]] == [
+        "2 (a = 0) at once: default / off >= 0.97", "2 (a = 0) at once: default / mlx-lm >= 1",
+        "2 (a = 1) at once: default / off >= 1", "2 (a = 1) at once: default / mlx-lm >= 1",
+        "2 (a = 1) at once: default / g = 6 >= 1"]
+    assert_shown(report_rows(tmp_path / "results", "batch", "default tok/s"), levels, {
+        "at once": lambda r: f"2 (a = {r['acceptance']:g})", "default / g = 6": lambda r: f"{r['ratios']['default / g = 6']['median']:.2f}"})
+
+
 # The group table: tests/test_bench_anywhere.py, from a fresh install called by its path.
 
 

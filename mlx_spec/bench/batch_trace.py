@@ -39,18 +39,18 @@ def summary(steps: List[dict]) -> dict:
 
 
 def print_summary(levels: List[dict]) -> None:
-    """Where the default's step time went at each batch size."""
+    """Where the default's step time went at each batch size (each level's `label` names it)."""
     print("\nThe trace (--trace): the default's steps at each batch size, every round; a step with guesses "
           "charged its time over the plain step the cost model expected of its rows:\n")
     rows = []
     for level in levels:
         t = level["trace"]
-        rows.append([level["concurrency"], t["steps"], t["with_guesses"], f"{t['rows_drafting_per_guess_step']:.1f}",
+        rows.append([level["label"], t["steps"], t["with_guesses"], f"{t['rows_drafting_per_guess_step']:.1f}",
                      f"{t['seconds']:.2f}", f"{t['guess_seconds']:.3f}", f"{t['guess_extra_seconds']:.3f}",
                      f"{100 * t['guess_extra_share']:.1f}%"])
     print(markdown(["at once", "steps", "with guesses", "rows drafting in one", "steps' time (s)", "in steps with guesses (s)",
                     "their extra over plain (s)", "extra / steps' time"], rows))
-    shapes = [[level["concurrency"], shape, f["steps"], f"{f['median_ms']:.2f}",
+    shapes = [[level["label"], shape, f["steps"], f"{f['median_ms']:.2f}",
                "-" if f["expected_ms"] is None else f"{f['expected_ms']:.2f}"]
               for level in levels for shape, f in level["trace"]["shapes"].items()]
     print("\n" + markdown(["at once", "rows x positions", "steps timed", "median ms", "cost model expected ms"], shapes))

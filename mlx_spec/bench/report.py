@@ -226,7 +226,8 @@ def _media(data: dict) -> list:
 
 
 def _batch(data: dict) -> list:
-    levels = data["levels"]
+    first = data["levels"][0].get("acceptance")  # (with --acceptance, the plots show the first one's)
+    levels = [r for r in data["levels"] if r.get("acceptance") == first]
     at_once = [r["concurrency"] for r in levels]
     names = {"default": "mlx-spec default", "mtp_off": "mlx-spec MTP off", "mlx_lm": "mlx-lm BatchGenerator",
              "one_after_another": "mlx-spec, one after another"}

@@ -153,6 +153,19 @@ class ControlledDrafter(Drafter):
         # Tie the guesses to the drafter's output so that its work stays in the cycle's graph.
         return Draft(mx.where(drafted.tokens >= 0, guesses, guesses), source="controlled", steps=drafted.steps)
 
+    @property
+    def batch_group(self):
+        """In a batch, the inner assistant's steps run once for every row that drafts with it
+        (mlx_spec/drafting/rows.py), as the real drafter's do, so that a batch with controlled
+        guesses pays what the real one pays; each row's guesses then come from its own reference
+        (`from_batch`). None: no assistant inside, the guesses are drafted row by row."""
+        return getattr(self.inner, "batch_group", None)
+
+    def from_batch(self, drafted: mx.array, context: DraftContext) -> Draft:
+        """This row's draft from its share of the batch's assistant guesses ([g])."""
+        guesses = self._guesses(context.device_position, drafted.shape[0])
+        return Draft(mx.where(drafted >= 0, guesses, guesses), source="controlled")
+
     def _guesses(self, position: mx.array, g: int) -> mx.array:
         if g == 0:
             return mx.zeros((0,), mx.int32)

@@ -58,6 +58,15 @@ class MTPDrafter(Drafter):
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
         return Draft(tokens, mx.stack(qs) if sampled and qs else None, source=self.source, steps=guesses)
 
+    @property
+    def batch_group(self) -> "MTPDrafter":
+        """The assistant whose steps the rows drafting with it share in a batch (drafting/rows.py)."""
+        return self
+
+    def from_batch(self, guesses: mx.array, context: DraftContext) -> Draft:
+        """A row's draft from its share of the batch's guesses ([g])."""
+        return Draft(guesses, source=self.source)
+
     def draft_batch_steps(self, last: mx.array, hidden: mx.array, positions: mx.array, kv: Dict[str, SharedKV],
                           g: int) -> HostWork:
         """Argmax guesses for the rows of a batch at once (decoding/batch.py), yielding after

@@ -5,8 +5,11 @@ A row's drafter is what it would be alone: prompt lookup then the assistant (the
 either alone, or any drafter given. Members that guess on the host (prompt lookup, a custom
 drafter) draft row by row; the rows left to one MTP assistant, which guesses argmax, draft
 together, each taking as many of the common steps' guesses as it asked for (an assistant told to
-sample its guesses drafts argmax here: either rule is exact). Drafters other than the assistant
-see each row's tokens and n-grams, not the K/V (`DraftContext.kv` is empty in a batch).
+sample its guesses drafts argmax here: either rule is exact). A drafter that runs an assistant
+inside (the bench's controlled drafter) drafts with the rows of that assistant by naming it its
+`batch_group`, and makes each row's draft of the common guesses (`from_batch`). Drafters other
+than the assistant see each row's tokens and n-grams, not the K/V (`DraftContext.kv` is empty in
+a batch).
 
 The drafting is host work in pieces (a piece per draft step), and each draft step's outputs
 are a stage of the step's launch: the loop queues a step a draft step at a time and builds a
@@ -36,6 +39,7 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
     drafts: List[Optional[Draft]] = [None] * len(gs)
     stages: Stages = []
     together: Dict[int, Tuple[MTPDrafter, List[int]]] = {}  # id(assistant drafter) -> its rows
+    last: Dict[int, Drafter] = {}  # row -> the member that drafts it together with others
     for b, (drafter, context, g) in enumerate(zip(drafters, contexts, gs)):
         if drafter is None or g == 0:
             drafts[b] = Draft(mx.zeros((0,), mx.int32), source="none")
@@ -51,12 +55,14 @@ def draft_rows(drafters: List[Optional[Drafter]], contexts: List[Optional[DraftC
             if assistant is None or free_only[b]:
                 drafts[b] = Draft(mx.zeros((0,), mx.int32), source=host[-1].source if host else "none")
             else:
-                together.setdefault(id(assistant), (assistant, []))[1].append(b)
+                last[b] = assistant
+                group = assistant.batch_group
+                together.setdefault(id(group), (group, []))[1].append(b)
     for assistant, rows in together.values():
         guesses, steps = yield from assistant.draft_batch_steps(*assistant_inputs(rows), max(gs[b] for b in rows))
         _add_stages(stages, steps)
         for i, b in enumerate(rows):
-            drafts[b] = Draft(guesses[i, : gs[b]], source=assistant.source)
+            drafts[b] = last[b].from_batch(guesses[i, : gs[b]], contexts[b])
     return drafts, stages
 
 
@@ -68,11 +74,12 @@ def _add_stages(stages: Stages, steps: List[mx.array]) -> None:
 
 
 def _split(drafter: Drafter):
-    """(members that draft row by row, the MTP assistant that ends it or None)."""
+    """(members that draft row by row, the member that ends it and drafts with other rows'
+    (its `batch_group`, an MTP assistant) or None)."""
     members = drafter.members if isinstance(drafter, Chain) else [drafter]
     last = members[-1]
     # An assistant that samples its guesses drafts argmax here: both rules are exact, and the
     # batch's steps are argmax ones.
-    if isinstance(last, MTPDrafter):
+    if getattr(last, "batch_group", None) is not None:
         return members[:-1], last
     return members, None
