@@ -830,7 +830,7 @@ def test_per_request_rate_gives_a_burst_s_tokens_no_free_time():
     """A request whose first cycle hands over three tokens at once (two kept guesses), then one
     every 0.2 s: its rate is the two later tokens over 0.4 s, not four (the first cycle's kept
     guesses were counted as made in no time, found by a review)."""
-    from mlx_spec.bench.batch import figures
+    from mlx_spec.bench.batch_runs import figures
 
     got = figures(0.0, [[0.1, 0.1, 0.1, 0.3, 0.5]])
     assert got["per_request_tps"] == pytest.approx(2 / 0.4)
