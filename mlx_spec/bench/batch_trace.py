@@ -27,7 +27,6 @@ def summary(steps: List[dict]) -> dict:
     return {
         "steps": len(steps), "with_guesses": sum(s["positions"] > 1 for s in steps),
         "rows_drafting_per_guess_step": statistics.mean([sum(g > 0 for g in s["asked"]) for s in guessing]) if guessing else 0.0,
-        "stepping_per_guess_step": statistics.mean([s["stepping"] for s in guessing]) if guessing else 0.0,
         "seconds": total, "plain_seconds": sum(s["seconds"] for s in plain),
         "guess_seconds": sum(s["seconds"] for s in guessing), "guess_extra_seconds": extra,
         "guess_extra_share": extra / total if total else 0.0,

@@ -83,8 +83,8 @@ def launcher_places() -> List[str]:
     (a venv over the system's packages), then the PATH."""
     places = [str(Path(sys.executable).parent / "mlx.launch")]
     try:
-        places += [str(Path(metadata.distribution("mlx").locate_file(file)).resolve())
-                   for file in metadata.distribution("mlx").files or () if Path(str(file)).name == "mlx.launch"]
+        mlx = metadata.distribution("mlx")
+        places += [str(Path(mlx.locate_file(file)).resolve()) for file in mlx.files or () if Path(str(file)).name == "mlx.launch"]
     except metadata.PackageNotFoundError:  # (mlx installed some other way: no record of its scripts)
         pass
     return list(dict.fromkeys(places)) + ["the PATH"]

@@ -37,7 +37,7 @@ climbs to the best measured length instead of stopping where the line pointed.
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
-from .step_lines import PER_GUESS, fit
+from .step_lines import line, timed_at
 from .lockstep import Lockstep
 from .acceptance_stats import AcceptanceStats, average
 from .policy import DUE, MIN_GAIN, DraftLength, probe_terms
@@ -83,9 +83,9 @@ class DraftLengths:
         # the loop measures it (step_clock.py): (rows, positions) -> seconds.
         self.probe_extra: Dict[Tuple[int, int], float] = {}
         self.probes_timed: Dict[Tuple[int, int], int] = {}
-        self._memo: Optional[Dict[Tuple[int, int], float]] = None  # step times while a step is chosen
-        # A probe's times by (rows, its positions) while a step is chosen: every row of a batch asks.
-        self._probe_memo: Optional[Dict[Tuple[int, int], tuple]] = None
+        # While a step is chosen: step times by (rows, positions), and a probe's times by
+        # ("probe", rows, its g), which every row of a batch asks for.
+        self._memo: Optional[dict] = None
         # Each settled step's shape, g per row, time and expected time, where the bench asks for
         # them (`bench batch --trace`: step_clock.py appends); None: not recorded.
         self.trace: Optional[List[dict]] = None
@@ -95,11 +95,11 @@ class DraftLengths:
         # The table holds still while a step is chosen, and the choice reads a length's time
         # several times (the best length, the retiming's rates): each is worked out once. This
         # runs on the host every step, beside a plain step of a few milliseconds.
-        self._memo, self._probe_memo = {}, {}
+        self._memo = {}
         try:
             return self._choose(asks)
         finally:
-            self._memo = self._probe_memo = None
+            self._memo = None
 
     def _choose(self, asks: List[Ask]) -> List[int]:
         batch, gs, deciders = len(asks), [0] * len(asks), []
@@ -221,12 +221,12 @@ class DraftLengths:
 
     def _probe_times(self, policy: DraftLength, batch: int):
         """`_measured_probe_times`, worked out once per probe length while a step is chosen."""
-        if self._probe_memo is None:
+        if self._memo is None:
             return self._measured_probe_times(policy.probe_g, batch)
-        key = (batch, policy.probe_g)
-        if key not in self._probe_memo:
-            self._probe_memo[key] = self._measured_probe_times(policy.probe_g, batch)
-        return self._probe_memo[key]
+        key = ("probe", batch, policy.probe_g)
+        if key not in self._memo:
+            self._memo[key] = self._measured_probe_times(policy.probe_g, batch)
+        return self._memo[key]
 
     def _measured_probe_times(self, probe_g: int, batch: int):
         """(a plain step's time, a probe step's) at this batch size: a plain step and a probe's
@@ -247,25 +247,11 @@ class DraftLengths:
         return plain, probing if probing is not None else self._line(batch)(positions)
 
     def _line(self, batch: int):
-        """positions -> a step's time at this batch size, for lengths not timed yet: a line
-        through this size's timed lengths; with fewer than two, the shape of the nearest size's
-        line (how a step's cost grows with its positions), through this size's one time if it
-        has one; the prior where nothing is known."""
-        known = self._known(batch)
-        if len(known) >= 2:
-            return fit(known)
-        others = [b for b in {rows for rows, _ in self.seconds} if b != batch and len(self._known(b)) >= 2]
-        if not others:
-            shape = lambda positions: 1 + PER_GUESS * (positions - 1)  # noqa: E731
-        else:
-            shape = fit(self._known(min(others, key=lambda b: abs(b - batch))))
-        if not known:
-            return shape
-        positions, its_time = known[0]
-        return lambda p: its_time * shape(p) / shape(positions)
+        """positions -> a step's time at this batch size, for lengths not timed yet (step_lines.line)."""
+        return line(self.seconds, batch)
 
     def _known(self, batch: int):
-        return sorted((positions, t) for (rows, positions), t in self.seconds.items() if rows == batch)
+        return timed_at(self.seconds, batch)
 
     def observe(self, batch: int, positions: int, seconds: Optional[float]) -> None:
         """A settled step of `batch` rows over `positions` positions took `seconds` of the loop's

@@ -53,13 +53,12 @@ class StepClock:
 
     def _traced(self, step, interval: Optional[float], timed: bool) -> dict:
         """A settled step as `bench batch --trace` records it: its shape, each stepping row's
-        g (asked for, and drafted), the interval since the sync before (None: other work came
+        g (as asked for), the interval since the sync before (None: other work came
         between), whether that was the step's own time, and what the cost model expected of a
         step of its shape and of a plain step of its rows, before this step taught it."""
         known = any(rows == step.rows for rows, _ in self.lengths.seconds)  # (else the line is the unitless prior)
         expected, plain = self.lengths.step_times(step.rows, [step.positions, 1]) if known else (None, None)
-        return {"rows": step.rows, "positions": step.positions, "stepping": len(step.stepping),
-                "asked": [m.cycle.asked for m in step.stepping], "drafted": [m.cycle.g for m in step.stepping],
+        return {"rows": step.rows, "positions": step.positions, "asked": [m.cycle.asked for m in step.stepping],
                 "seconds": interval, "timed": timed, "expected": expected, "plain_expected": plain}
 
     def _lone_probe(self, ahead) -> Optional[tuple]:
