@@ -141,3 +141,30 @@ def test_controlled_guesses_in_a_batch_share_the_assistant_s_steps(engine, monke
         assert kept == 0
     else:
         assert 0 < kept < drafted
+
+
+def test_a_size_timed_plain_only_is_priced_by_what_a_position_adds_at_its_rows():
+    """A batch size whose steps were timed plain only borrows how a step grows with its positions
+    from the sizes that have lines. On a compute-bound device a position costs each row's work,
+    so a size of fewer rows (more of its step fixed cost) has a flatter shape: borrowed alone it
+    put 6 rows' 3 positions at 42 ms where they took 57 (issue: batch cost). With two sizes'
+    lines or more, what a position adds at this size is read off a line through their slopes."""
+    from mlx_spec.decoding.step_lines import line
+
+    def cpu(rows, positions):  # a fixed cost, a plain position per row, a guess per row
+        return 0.005 + 0.002 * rows + 0.003 * rows * (positions - 1)
+
+    seconds = {(b, p): cpu(b, p) for b in (1, 2, 8) for p in (1, 3, 7)}
+    seconds[(4, 1)], seconds[(6, 1)] = cpu(4, 1), cpu(6, 1)
+    for positions in (2, 3, 7):
+        assert line(seconds, 4)(positions) == pytest.approx(cpu(4, positions), rel=0.01)
+        # (Beside 8 rows, whose shape is steeper, the dearer of the two: under a tenth dear.)
+        assert cpu(6, positions) <= line(seconds, 6)(positions) <= 1.1 * cpu(6, positions)
+    # The nearest size's shape alone (2 rows for 4), as before: a sixth too cheap.
+    nearest = {k: t for k, t in seconds.items() if k[0] in (2, 4)}
+    assert line(nearest, 4)(3) == pytest.approx(cpu(4, 1) * cpu(2, 3) / cpu(2, 1))
+    assert line(nearest, 4)(3) < 0.85 * cpu(4, 3)
+    # Never below that shape: where the sizes' slopes say less (a device whose rows come nearly
+    # free), the nearer size's own shape still holds.
+    flat = {(1, 1): 0.010, (1, 7): 0.016, (2, 1): 0.010, (2, 7): 0.0161, (8, 1): 0.012, (8, 7): 0.014, (4, 1): 0.011}
+    assert line(flat, 4)(7) == pytest.approx(0.011 * 0.0161 / 0.010)

@@ -240,7 +240,7 @@ def test_batch(tiny_models, tmp_path):
     assert [r["concurrency"] for r in levels] == [1, 3]
     for r in levels:
         assert all(r["same_tokens"].values()), r["same_tokens"]
-        for key in ("default", "mtp_off", "fixed_g", "mlx_lm", "one_after_another"):
+        for key in ("default", "mtp_off", "g = 6", "mlx_lm", "one_after_another"):
             assert r[key]["total_tps"] > 0 and r[key]["generated"] > 0
         assert r["default"]["generated"] == r["mtp_off"]["generated"] == r["mlx_lm"]["generated"]
     assert_shown(report_rows(tmp_path / "results", "batch", "default tok/s"), levels, {
@@ -279,29 +279,36 @@ def test_batch(tiny_models, tmp_path):
 
 def test_batch_at_set_acceptances(tiny_models, tmp_path):
     """`--acceptance 0,1`: each request's guesses are its own MTP off answer's, kept at the set
-    chance, while the real assistant runs: at 1 every guess the default and g = 6 draft is kept
-    (but those past a request's budget), at 0 none; every answer is MTP off's; each row and bar names its acceptance, and where
-    guesses are kept the default is also set against g = 6."""
-    _, data = run_script("batch", *tiny_models, "--concurrency", "2", "--prompt-tokens", "8,24",
+    chance, while the real assistant runs: at 1 every guess the default and each fixed g
+    (`--fixed-g 2,6`) draft is kept (but those past a request's budget), at 0 none; every answer
+    is MTP off's; each row and bar names its acceptance, and where guesses are kept the default is
+    also set against the fastest fixed g."""
+    _, data = run_script("batch", *tiny_models, "--concurrency", "2", "--prompt-tokens", "8,24", "--fixed-g", "2,6",
                          "--answer-tokens", "16,24", "--rounds", "1", "--acceptance", "0,1", tmp_path=tmp_path)
     levels = data["levels"]
     assert [(r["acceptance"], r["concurrency"]) for r in levels] == [(0.0, 2), (1.0, 2)]
     for r in levels:
         assert all(r["same_tokens"].values()), r["same_tokens"]
-        for config in ("fixed_g", "default"):
+        for config in ("g = 2", "g = 6", "default"):
             drafted, kept = r[config]["drafted"], r[config]["kept"]
             if r["acceptance"] == 0:
                 assert kept == 0, config
             else:  # (a request's last cycle may draft past its budget: those guesses are cut, not kept)
                 assert drafted - 2 * 6 <= kept <= drafted and kept > 0, (config, drafted, kept)
-        assert r["fixed_g"]["drafted"] > 0
+        assert r["g = 2"]["drafted"] > 0 and r["g = 6"]["drafted"] > 0
+        best = r["best_fixed_g"]
+        assert r[f"g = {best}"]["total_tps"] == max(r[f"g = {g}"]["total_tps"] for g in (2, 6))
+        assert r["ratios"]["default / best fixed g"]["median"] == pytest.approx(
+            r["default"]["rounds_tps"][0] / r[f"g = {best}"]["rounds_tps"][0])
     assert levels[1]["default"]["drafted"] > 0  # every guess kept: the default drafts
     assert [b["bar"] for b in data["bars"]] == [
         "2 (a = 0) at once: default / off >= 0.97", "2 (a = 0) at once: default / mlx-lm >= 1",
         "2 (a = 1) at once: default / off >= 1", "2 (a = 1) at once: default / mlx-lm >= 1",
-        "2 (a = 1) at once: default / g = 6 >= 1"]
+        f"2 (a = 1) at once: default / best fixed g (g = {levels[1]['best_fixed_g']}) >= 1"]
     assert_shown(report_rows(tmp_path / "results", "batch", "default tok/s"), levels, {
-        "at once": lambda r: f"2 (a = {r['acceptance']:g})", "default / g = 6": lambda r: f"{r['ratios']['default / g = 6']['median']:.2f}"})
+        "at once": lambda r: f"2 (a = {r['acceptance']:g})", "g = 2": lambda r: f"{r['g = 2']['total_tps']:.1f}",
+        "best fixed g": lambda r: str(r["best_fixed_g"]),
+        "default / best fixed g": lambda r: f"{r['ratios']['default / best fixed g']['median']:.2f}"})
 
 
 # The group table: tests/test_bench_anywhere.py, from a fresh install called by its path.

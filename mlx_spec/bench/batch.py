@@ -1,15 +1,16 @@
 """Several requests at once: total and per-request tokens per second at 1, 2, 4 and 8
 concurrent requests of mixed prompt and answer lengths, for mlx-spec's default (each request
-drafting its own guesses inside the batch), mlx-spec with MTP off, and mlx-lm's own batched
-decoding (`BatchGenerator`, no drafts) on the same model and prompts, all in one run; the same
+drafting its own guesses inside the batch), mlx-spec with MTP off and at fixed draft lengths
+(`--fixed-g`), and mlx-lm's own batched decoding (`BatchGenerator`, no drafts) on the same model and prompts, all in one run; the same
 requests one after another (mlx-spec's default, alone each); and what a batch step costs by
 rows and positions, from which the acceptance drafting needs to pay at each batch size.
 
 The configurations run in interleaved rounds (`--rounds`, the order turned every round, so that
 a machine whose speed drifts slows every side alike); each figure is the median over the rounds,
 each ratio the median of the rounds' ratios, shown with their middle half. The bars: at every
-batch size the default at least as fast as MTP off and as mlx-lm, both batched; and 8 requests
-at once at least 3x the same 8 one after another.
+batch size the default at least as fast as MTP off and as mlx-lm, both batched, and, where
+guesses are kept (`--acceptance`), as the fastest fixed length; and 8 requests at once at least
+3x the same 8 one after another.
 
     mlx-spec bench batch --random-weights --shape small
 """
@@ -26,11 +27,18 @@ from .runs import first_difference
 
 CONCURRENCY = "1,2,4,8"
 G = 6  # the fixed draft length whose step cost the cost table sets against a plain step
+BEST = "default / best fixed g"  # the ratio against the fixed length (--fixed-g) fastest in its run
 
 
-CONFIGS = ("default", "mtp_off", "fixed_g", "mlx_lm", "one_after_another")
-RATIOS = {"default / off": "mtp_off", "default / mlx-lm": "mlx_lm", "default / one after another": "one_after_another",
-          f"default / g = {G}": "fixed_g"}
+def configs(fixed) -> tuple:
+    """The configurations timed: the default, MTP off, each fixed draft length, mlx-lm, one after another."""
+    return ("default", "mtp_off", *(f"g = {g}" for g in fixed), "mlx_lm", "one_after_another")
+
+
+def ratios(best: int) -> dict:
+    """Each ratio's name -> the configuration the default is set against."""
+    return {"default / off": "mtp_off", "default / mlx-lm": "mlx_lm", "default / one after another": "one_after_another",
+            BEST: f"g = {best}"}
 
 
 def main(argv=None):
@@ -42,6 +50,8 @@ def main(argv=None):
     parser.add_argument("--acceptance", type=acceptances, default=None,
                         help="controlled guesses: each request's own MTP off answer, each position kept at these "
                              "chances, comma separated, while the real assistant runs [the real drafter's guesses]")
+    parser.add_argument("--fixed-g", type=whole_numbers(1), default=str(G),
+                        help=f"fixed draft lengths the default is set against (the best of them), comma separated [{G}]")
     parser.add_argument("--trace", action="store_true",
                         help="record the default's steps: where its time goes, steps with guesses against plain ones")
     args = parse(parser, argv, quick=dict(concurrency="1,4", prompt_tokens="16,96", answer_tokens="16,48", rounds=1))
@@ -58,7 +68,7 @@ def main(argv=None):
         if a is not None:  # an engine that has served content of this acceptance, not the last one's
             engine.draft_lengths = DraftLengths(lockstep=engine.lockstep)
         drafters = controlled_drafters(engine, pool, a)
-        rows += [measure(engine, pool[:c], progress, c, args.rounds, args.trace, drafters and drafters[:c], a)
+        rows += [measure(engine, pool[:c], progress, c, args.rounds, args.trace, drafters and drafters[:c], a, args.fixed_g)
                  for c in levels]
     results = {"machine": info, "models": describe_models(args), "levels": rows, "rounds": args.rounds,
                "step_ms": engine.draft_lengths.table(),
@@ -69,44 +79,49 @@ def main(argv=None):
     print(f"\nJSON: {write_json('batch', args, results)}")
 
 
-def measure(engine, batch, progress, c: int, rounds: int, trace: bool = False, drafters=None, acceptance=None) -> dict:
+def measure(engine, batch, progress, c: int, rounds: int, trace: bool = False, drafters=None, acceptance=None,
+            fixed=(G,)) -> dict:
     """Every configuration over these requests at once, in interleaved rounds. `drafters`: each
-    request's controlled drafter at `acceptance` (None: the real drafter's guesses)."""
+    request's controlled drafter at `acceptance` (None: the real drafter's guesses); `fixed`:
+    the fixed draft lengths run beside the default."""
     # A short untimed run of each configuration first: the compiled functions of this batch size
     # (the pass of each length, the acceptance of each draft) are traced out of the figures.
     short = [(prompt, min(n, 8)) for prompt, n in batch]
-    for settings in (dict(), dict(mtp=False), dict(draft_tokens=G)):
+    for settings in (dict(), dict(mtp=False), *(dict(draft_tokens=g) for g in fixed)):
         timed_ours(engine, short, drafters, **settings)
     timed_mlx_lm(engine, short)
     steps = []  # the default's, recorded by the cost model (--trace)
-    configs = {"default": lambda: recorded(engine, steps if trace else None, lambda: timed_ours(engine, batch, drafters)),
-               "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
-               "fixed_g": lambda: timed_ours(engine, batch, drafters, draft_tokens=G),
-               "mlx_lm": lambda: timed_mlx_lm(engine, batch),
-               "one_after_another": lambda: timed_one_after_another(engine, batch, drafters)}
-    # The prompts alone (each answer one token): the same passes in every configuration, so what
-    # the batch can gain is in the rest (on a CPU, where a prompt's pass is compute-bound, they
-    # are a large part of a run).
-    configs["prompts"] = lambda: timed_ours(engine, [(prompt, 1) for prompt, _ in batch])
-    runs = {k: [] for k in (*CONFIGS, "prompts")}
+    timed = {"default": lambda: recorded(engine, steps if trace else None, lambda: timed_ours(engine, batch, drafters)),
+             "mtp_off": lambda: timed_ours(engine, batch, mtp=False),
+             **{f"g = {g}": (lambda g=g: timed_ours(engine, batch, drafters, draft_tokens=g)) for g in fixed},
+             "mlx_lm": lambda: timed_mlx_lm(engine, batch),
+             "one_after_another": lambda: timed_one_after_another(engine, batch, drafters),
+             # The prompts alone (each answer one token): the same passes in every configuration,
+             # so what the batch can gain is in the rest (on a CPU, where a prompt's pass is
+             # compute-bound, they are a large part of a run).
+             "prompts": lambda: timed_ours(engine, [(prompt, 1) for prompt, _ in batch])}
+    runs = {k: [] for k in timed}
     for r in range(rounds):
-        for k in (*CONFIGS, "prompts")[:: 1 if r % 2 == 0 else -1]:
-            runs[k].append(configs[k]())
+        for k in list(timed)[:: 1 if r % 2 == 0 else -1]:
+            runs[k].append(timed[k]())
         progress.step(f"{c} at once, round {r + 1}" + ("" if acceptance is None else f", a = {acceptance:g}"))
     first = {k: v[0] for k, v in runs.items()}
     off = first["mtp_off"]["tokens"]
-    row = {"concurrency": c, "acceptance": acceptance, "same_tokens": {k: first[k]["tokens"] == off for k in ("default", "fixed_g", "one_after_another", "mlx_lm")}}
+    ours = [k for k in configs(fixed) if k not in ("mtp_off", "mlx_lm")]
+    row = {"concurrency": c, "acceptance": acceptance, "fixed_g": list(fixed),
+           "same_tokens": {k: first[k]["tokens"] == off for k in (*ours, "mlx_lm")}}
     # Where one of ours parts from MTP off (a batched matmul may round differently on Metal):
     # the request, the token's index and the logit gap there, never hidden.
-    row["differences"] = {k: parted(engine, batch, first[k]["tokens"], off) for k in ("default", "fixed_g", "one_after_another")}
-    for k in CONFIGS:
+    row["differences"] = {k: parted(engine, batch, first[k]["tokens"], off) for k in ours}
+    for k in configs(fixed):
         row[k] = {f: statistics.median(run[f] for run in runs[k]) for f in ("total_tps", "per_request_tps", "first_token_s", "seconds")}
         row[k]["generated"] = first[k]["generated"]
         row[k]["rounds_tps"] = [run["total_tps"] for run in runs[k]]
         if "drafted" in first[k]:  # ours, batched: the guesses of its first round, and those kept
             row[k]["drafted"], row[k]["kept"] = first[k]["drafted"], first[k]["kept"]
+    row["best_fixed_g"] = max(fixed, key=lambda g: row[f"g = {g}"]["total_tps"])
     row["ratios"] = {name: spread([a["total_tps"] / b["total_tps"] for a, b in zip(runs["default"], runs[other])])
-                     for name, other in RATIOS.items()}
+                     for name, other in ratios(row["best_fixed_g"]).items()}
     row["prompts_s"] = statistics.median(run["seconds"] for run in runs["prompts"])
     # One after another over the default, each less the prompts' time of its round.
     row["ratios"]["decoding: default / one after another"] = spread([
@@ -128,19 +143,20 @@ def spread(values: list) -> dict:
 
 def judged(rows) -> list:
     """The bars: the default at least as fast as MTP off and mlx-lm, batched, at every batch size
-    (with controlled guesses, at least 0.97 of MTP off where none is kept, and at least g = 6
-    where some are); 8 at once at least 3x one after another."""
+    (with controlled guesses, at least 0.97 of MTP off where none is kept, and at least the best
+    fixed g where some are); 8 at once at least 3x one after another."""
     bars = []
     for r in rows:
         a = r.get("acceptance")
         needs = [("default / off", 0.97 if a == 0 else 1.0), ("default / mlx-lm", 1.0)]
         if a:
-            needs.append((f"default / g = {G}", 1.0))
+            needs.append((BEST, 1.0))
         if r["concurrency"] == 8:
             needs.append(("default / one after another", 3.0))
         for name, need in needs:
             ratio = r["ratios"][name]
-            bars.append({"bar": f"{label(r)} at once: {name} >= {need:g}", "ratio": ratio["median"],
+            named = f"{name} (g = {r['best_fixed_g']})" if name == BEST else name
+            bars.append({"bar": f"{label(r)} at once: {named} >= {need:g}", "ratio": ratio["median"],
                          "middle_half": ratio["middle_half"], "needed": need, "met": ratio["median"] >= need})
     return bars
 
@@ -188,15 +204,15 @@ def same_tokens(row) -> str:
 
 
 def print_tables(rows, bars) -> None:
-    table = []
+    table, fixed = [], rows[0]["fixed_g"]
     for r in rows:
         d, off, lm, seq = r["default"], r["mtp_off"], r["mlx_lm"], r["one_after_another"]
-        table.append([label(r), f"{d['total_tps']:.1f}", f"{off['total_tps']:.1f}", f"{r['fixed_g']['total_tps']:.1f}",
-                      f"{lm['total_tps']:.1f}", f"{seq['total_tps']:.1f}",
-                      *(f"{r['ratios'][name]['median']:.2f}" for name in RATIOS), f"{d['per_request_tps']:.1f}",
-                      same_tokens(r)])
-    print(markdown(["at once", "default tok/s", "MTP off", f"g = {G}", "mlx-lm batched", "one after another",
-                    *RATIOS, "per request (default)", "same tokens"], table))
+        table.append([label(r), f"{d['total_tps']:.1f}", f"{off['total_tps']:.1f}",
+                      *(f"{r[f'g = {g}']['total_tps']:.1f}" for g in fixed), f"{lm['total_tps']:.1f}", f"{seq['total_tps']:.1f}",
+                      *(f"{r['ratios'][name]['median']:.2f}" for name in ratios(0)),
+                      f"{r['best_fixed_g']}", f"{d['per_request_tps']:.1f}", same_tokens(r)])
+    print(markdown(["at once", "default tok/s", "MTP off", *(f"g = {g}" for g in fixed), "mlx-lm batched",
+                    "one after another", *ratios(0), "best fixed g", "per request (default)", "same tokens"], table))
     print("\nThe prompts alone (every answer one token) and what the batch gains on the rest:\n")
     print(markdown(["at once", "prompts alone (s)", "default run (s)", "one after another (s)",
                     "decoding: default / one after another"],

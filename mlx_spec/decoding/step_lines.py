@@ -15,12 +15,18 @@ def fit(known):
 def fit_line(known, prior):
     """A least-squares line through (length, seconds) points (two or more), never below zero,
     and below the shortest length never below `prior`."""
-    shortest, n = known[0][0], len(known)
-    mean_x = sum(k for k, _ in known) / n
-    mean_t = sum(t for _, t in known) / n
-    spread = sum((k - mean_x) ** 2 for k, _ in known)
-    slope = sum((k - mean_x) * (t - mean_t) for k, t in known) / spread
+    shortest = known[0][0]
+    mean_x, mean_t, slope = least_squares(known)
     return lambda x: max(mean_t + slope * (x - mean_x), prior(x) if x < shortest else 1e-6)
+
+
+def least_squares(points):
+    """(mean x, mean y, slope) of the least-squares line through (x, y) points, two x's or more."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_x, mean_y, sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
 
 
 def timed_at(seconds: dict, batch: int) -> list:
@@ -32,8 +38,9 @@ def timed_at(seconds: dict, batch: int) -> list:
 def line(seconds: dict, batch: int):
     """positions -> a step's time at this batch size, for lengths not timed yet: a line through
     this size's timed lengths; with fewer than two, the shape of the nearest size's line (how a
-    step's cost grows with its positions), through this size's one time if it has one; the
-    prior where nothing is known."""
+    step's cost grows with its positions), through this size's one time if it has one, and where
+    two sizes or more have lines, never below what their slopes say a position adds at this size;
+    the prior where nothing is known."""
     known = timed_at(seconds, batch)
     if len(known) >= 2:
         return fit(known)
@@ -45,4 +52,22 @@ def line(seconds: dict, batch: int):
     if not known:
         return shape
     positions, its_time = known[0]
-    return lambda p: its_time * shape(p) / shape(positions)
+    borrowed = lambda p: its_time * shape(p) / shape(positions)  # noqa: E731
+    if len(others) < 2:
+        return borrowed
+    # The nearest size's shape misses that what a position adds grows with the rows: every row's
+    # guesses are verified, and on a compute-bound device (this project's CPU) drafted, row by
+    # row: borrowed from a size of fewer rows, whose steps are more of fixed cost, the shape put
+    # 6 rows' step of 3 positions at 42 ms; it took 57. So the sizes' own slopes, on a line over
+    # the rows, price a position too, and the dearer of the two counts: a length priced too cheap
+    # is drafted at the whole batch's cost, one priced too dear loses only what it would keep.
+    per_position = across_sizes(seconds, others, batch)
+    return lambda p: max(borrowed(p), its_time + per_position * (p - positions))
+
+
+def across_sizes(seconds: dict, sizes, batch: int) -> float:
+    """What a position adds to a step of `batch` rows: a line over the rows through the slopes
+    of these sizes' lines (each size timed at two lengths or more), never below zero."""
+    slopes = [(b, least_squares(timed_at(seconds, b))[2]) for b in sizes]
+    mean_b, mean_slope, trend = least_squares(slopes)
+    return max(0.0, mean_slope + trend * (batch - mean_b))
