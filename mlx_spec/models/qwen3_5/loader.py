@@ -1,0 +1,66 @@
+"""Loading a Qwen3.5 / Qwen3.6 target (mlx-lm's own network) and the MTP layer its checkpoint
+holds under `mtp.` (which mlx-lm's loader drops) from a checkpoint already read
+(models/checkpoint.py). Every problem a user can cause is a `LoadError` naming the path."""
+
+from typing import Any
+
+import mlx.core as mx
+
+from ...errors import LoadError
+from ..checkpoint import Checkpoint, mlx_error, weight_files
+from .mtp import MTPLayer, sanitize
+
+# The multimodal wrappers as Qwen publishes them, and their text models alone.
+TARGET_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def text_config(config: dict) -> dict:
+    """The text model's fields: a multimodal config's `text_config`, else the config itself."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def target_from(ckpt: Checkpoint) -> Any:
+    """mlx-lm's Qwen3.5 model (its MoE's for a mixture of experts) with the checkpoint's weights,
+    read lazily (loading.py evaluates them)."""
+    from mlx_lm.models import qwen3_5, qwen3_5_moe
+    from mlx_lm.utils import load_model
+
+    module = qwen3_5_moe if "moe" in ckpt.config["model_type"] else qwen3_5
+    try:
+        model, _ = load_model(ckpt.path, lazy=True, get_model_classes=lambda config: (module.Model, module.ModelArgs))
+    except (ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise mlx_error("target", ckpt.path, e) from None
+    return model
+
+
+def mtp_layers(ckpt: Checkpoint) -> int:
+    """How many MTP layers the config says the checkpoint holds (Qwen3-Next's name too)."""
+    text = text_config(ckpt.config)
+    return int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0)
+
+
+def mtp_from(ckpt: Checkpoint, model: Any) -> MTPLayer:
+    """The checkpoint's MTP layer, for the target `model` loaded from it (target_from)."""
+    count = mtp_layers(ckpt)
+    if count != 1:
+        raise LoadError(f"target {ckpt.path}: config.json says mtp_num_hidden_layers {count}; its MTP drafting "
+                        "needs exactly 1 (Qwen3.5 and Qwen3.6 have 1)")
+    weights, hugging_face_layout = {}, False
+    for file in weight_files(ckpt.path):
+        try:
+            arrays = mx.load(file)  # lazy: only the MTP layer's arrays are ever read
+        except (ValueError, RuntimeError) as e:
+            raise mlx_error("target", ckpt.path, e) from None
+        weights.update({k: v for k, v in arrays.items() if k.startswith("mtp.")})
+        # mlx-lm's own test of a checkpoint in Hugging Face's layout: its conv1d not yet transposed.
+        hugging_face_layout |= any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in arrays.items())
+    if not weights:
+        raise LoadError(f"target {ckpt.path}: config.json says it has an MTP layer, but no weight is under mtp. "
+                        "(mlx-lm's conversions drop them: convert from the original checkpoint keeping mtp.*)")
+    layer = MTPLayer(model.language_model.args)
+    try:
+        layer.load_weights(list(sanitize(weights, hugging_face_layout).items()), strict=True)
+    except ValueError as e:
+        raise LoadError(f"target {ckpt.path}: its mtp. weights do not fit a Qwen3.5 MTP layer of this target: {e}") from None
+    return layer

@@ -1,0 +1,120 @@
+"""Qwen3.5's target and MTP layer, loaded by mlx-spec, against transformers (issue: Qwen).
+
+Tiny random checkpoints (tests/tiny_qwen.py) in both layouts Qwen publishes (the text model
+alone and the multimodal wrapper), dense and mixture of experts. The target's logits must be
+transformers' own, whole and position by position through its caches; the MTP layer's those of a
+reference built from transformers' own decoder layer and norms, with every norm weight random, so
+that a (1 + w) shift missing or applied twice shows."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+
+import tiny_qwen
+
+from mlx_spec.errors import LoadError
+from mlx_spec.models.checkpoint import read_checkpoint
+from mlx_spec.models.qwen3_5.loader import mtp_from, target_from
+
+PROMPT = [5, 17, 99, 3, 250, 41, 7, 7, 8, 300, 12, 64, 64, 2, 11, 19, 120, 45, 46, 47, 3, 9, 81, 200]
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def checkpoints(request, tmp_path_factory):
+    """(the text layout's folder, the multimodal layout's, moe) of one tiny model."""
+    moe = request.param == "moe"
+    text = tiny_qwen.build(tmp_path_factory.mktemp(f"{request.param}-text"), moe=moe)
+    multimodal = tiny_qwen.build(tmp_path_factory.mktemp(f"{request.param}-multimodal"), moe=moe, layout="multimodal")
+    return text, multimodal, moe
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoints):
+    """transformers' logits and final hidden states over PROMPT, its input embeddings, and its MTP
+    layer's logits for positions 0 .. n-2 (token t+1 beside the hidden state at t)."""
+    text, _, moe = checkpoints
+    model, head = tiny_qwen.reference(text, moe=moe)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        hidden = out.hidden_states[-1]  # after the final norm
+        embeddings = model.model.embed_tokens(ids)
+        drafted = model.lm_head(head(embeddings[:, 1:], hidden[:, :-1], torch.arange(len(PROMPT) - 1)))
+    return out.logits[0].numpy(), drafted[0].numpy()
+
+
+def loaded(folder):
+    ckpt = read_checkpoint(folder, "target")
+    model = target_from(ckpt)
+    mx.eval(model.parameters())
+    return ckpt, model
+
+
+def test_the_target_s_logits_are_transformers(checkpoints, reference):
+    logits, _ = reference
+    for folder in checkpoints[:2]:
+        _, model = loaded(folder)
+        ours = model(mx.array([PROMPT]))[0]
+        np.testing.assert_allclose(np.array(ours), logits, atol=2e-4, rtol=1e-4, err_msg=str(folder))
+        # Through the caches: a prefill, then a position at a time (the recurrent state and the
+        # convolution's window carried by the Gated DeltaNet layers' caches).
+        cache = model.language_model.make_cache()
+        steps = [model(mx.array([PROMPT[:10]]), cache=cache)[0]]
+        steps += [model(mx.array([[token]]), cache=cache)[0] for token in PROMPT[10:]]
+        np.testing.assert_allclose(np.array(mx.concatenate(steps)), logits, atol=2e-4, rtol=1e-4)
+
+
+def test_the_mtp_layer_drafts_as_the_reference(checkpoints, reference):
+    _, drafted = reference
+    for folder in checkpoints[:2]:
+        ckpt, model = loaded(folder)
+        layer = mtp_from(ckpt, model)
+        lm = model.language_model
+        ids = mx.array([PROMPT])
+        hidden = lm.model(ids)  # after the final norm
+        embeddings = lm.model.embed_tokens(ids)
+        ours = lm.lm_head(layer(embeddings[:, 1:], hidden[:, :-1]))[0]
+        np.testing.assert_allclose(np.array(ours), drafted, atol=2e-4, rtol=1e-4, err_msg=str(folder))
+        # With its own K/V: the prompt's pairs first, then one position at a time.
+        from mlx_lm.models.cache import KVCache
+
+        cache = KVCache()
+        parts = [layer(embeddings[:, 1:9], hidden[:, :8], cache)]
+        parts += [layer(embeddings[:, t + 1 : t + 2], hidden[:, t : t + 1], cache) for t in range(8, len(PROMPT) - 1)]
+        np.testing.assert_allclose(np.array(lm.lm_head(mx.concatenate(parts, axis=1))[0]), drafted, atol=2e-4, rtol=1e-4)
+
+
+def test_a_norm_shifted_twice_or_not_at_all_shows(checkpoints, reference):
+    """The test above can fail: the MTP layer's norms left unshifted, or shifted again, part
+    from the reference."""
+    from mlx_spec.models.checkpoint import weight_files
+    from mlx_spec.models.qwen3_5.mtp import MTPLayer, sanitize
+
+    _, drafted = reference
+    ckpt, model = loaded(checkpoints[0])
+    lm = model.language_model
+    ids = mx.array([PROMPT])
+    hidden, embeddings = lm.model(ids), lm.model.embed_tokens(ids)
+    raw = {k: v for f in weight_files(ckpt.path) for k, v in mx.load(f).items() if k.startswith("mtp.")}
+    unshifted = sanitize(raw, hugging_face_layout=False)
+    twice = {k: v + 1.0 if v.ndim == 1 else v for k, v in sanitize(raw, hugging_face_layout=True).items()}
+    for weights in (unshifted, twice):
+        layer = MTPLayer(lm.args)
+        layer.load_weights(list(weights.items()), strict=True)
+        ours = np.array(lm.lm_head(layer(embeddings[:, 1:], hidden[:, :-1]))[0])
+        assert np.abs(ours - drafted).max() > 1e-2
+
+
+def test_a_checkpoint_without_its_mtp_layer_says_so(tmp_path):
+    folder = tiny_qwen.build(tmp_path / "none", mtp=False)
+    ckpt, model = loaded(folder)
+    with pytest.raises(LoadError, match="mtp_num_hidden_layers 0"):
+        mtp_from(ckpt, model)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    ckpt, model = loaded(folder)
+    with pytest.raises(LoadError, match="no weight is under mtp"):
+        mtp_from(ckpt, model)
