@@ -32,7 +32,7 @@ from ..drafting.ngrams import NgramIndex
 from ..errors import PromptStopped
 from ..media.items import MediaSpan, chunk_bounds, inside, outside_spans, shared_prefix, spans_before
 from ..models.batch_cache import BatchCaches, BatchSlot
-from ..models.cache import SlidingWindowCache, trim_cache
+from ..models.cache import trim_cache
 from ..models.protocol import TargetModel
 from .limits import PREFILL_CHUNK, TRIM_ALLOWANCE
 
@@ -42,19 +42,23 @@ MAX_MARKS = 4
 @dataclass
 class Mark:
     length: int  # settled tokens at the mark; the caches held length - 1 positions
-    sliding: Dict[int, tuple]  # cache index -> SlidingWindowCache.snapshot()
+    # cache index -> its snapshot(), for the caches that cannot go back freely (sliding windows,
+    # recurrent states: `_held_back`)
+    sliding: Dict[int, tuple]
     hidden: Optional[mx.array]
+    lowest: int = 0  # the lowest offset those caches, restored, can be trimmed to
 
-    def trimmable_to(self, offset: int, max_trim: int) -> bool:
-        """Whether the sliding caches, restored, can be trimmed to `offset` positions: no lower
-        than `max_trim` below the furthest position each had written when it was taken (which
-        is beyond the mark when the state had been trimmed back before it)."""
-        return all(furthest - max_trim <= offset for *_, furthest in self.sliding.values())
+    def trimmable_to(self, offset: int) -> bool:
+        """Whether the caches, restored, can be trimmed to `offset` positions: a sliding one no
+        lower than its trim allowance below the furthest position it had written when the mark
+        was taken (beyond the mark when the state had been trimmed back before it), a recurrent
+        one only to the mark itself."""
+        return self.lowest <= offset
 
     @property
     def nbytes(self) -> int:
         """What the mark holds once the caches have moved on (their buffers' size)."""
-        return sum(k.nbytes + v.nbytes for k, v, *_ in self.sliding.values() if k is not None)
+        return sum(a.nbytes for snapshot in self.sliding.values() for a in snapshot[:2] if a is not None)
 
 
 class SequenceState:
@@ -81,8 +85,7 @@ class SequenceState:
 
     def leave(self, batch: BatchCaches) -> None:
         """Take the caches back from the batch: the row's K/V, up to its offset, as our own."""
-        fresh = [c for c in self.target.make_cache(max_trim=self.max_trim) if isinstance(c, SlidingWindowCache)]
-        self.cache = batch.remove(self.cache[0], fresh)
+        self.cache = batch.remove(self.cache[0], self.target.make_cache(max_trim=self.max_trim))
 
     @property
     def in_batch(self) -> bool:
@@ -169,11 +172,12 @@ class SequenceState:
     @property
     def nbytes(self) -> int:
         """Memory held: the caches and what the marks keep alive."""
-        held = sum(c.keys.nbytes + c.values.nbytes for c in self.cache if c.keys is not None)
-        return held + sum(cp.nbytes for cp in self.marks)
+        return sum(c.nbytes for c in self.cache) + sum(cp.nbytes for cp in self.marks)
 
-    def _sliding(self):
-        return [(i, c) for i, c in enumerate(self.cache) if isinstance(c, SlidingWindowCache)]
+    def _held_back(self):
+        """(index, cache) of the caches that cannot drop any number of their newest positions:
+        sliding windows (their oldest have left) and recurrent states (models/qwen3_5)."""
+        return [(i, c) for i, c in enumerate(self.cache) if hasattr(c, "snapshot")]
 
     def mark(self) -> None:
         """Remember this point (every token settled) so that `rewind` can come back to it."""
@@ -181,8 +185,9 @@ class SequenceState:
             raise ValueError("a mark needs a settled state: every token but the last in the caches")
         if self.marks and self.marks[-1].length == len(self.tokens):
             self.marks.pop()
-        sliding = {i: c.snapshot() for i, c in self._sliding()}
-        self.marks.append(Mark(len(self.tokens), sliding, self.hidden))
+        held = self._held_back()
+        lowest = max((c.lowest_reachable() for _, c in held), default=0)
+        self.marks.append(Mark(len(self.tokens), {i: c.snapshot() for i, c in held}, self.hidden, lowest))
         del self.marks[:-MAX_MARKS]
 
     def resumable(self, tokens: Sequence[int], spans: Sequence[MediaSpan] = ()) -> int:
@@ -227,10 +232,10 @@ class SequenceState:
         """(length, mark or None): the longest prefix of at most `keep` tokens to go
         back to, and the mark to restore first."""
         target = keep - 1  # cache positions to hold
-        if all(c.trimmable_to(target) for _, c in self._sliding()):
+        if all(c.trimmable_to(target) for _, c in self._held_back()):
             return keep, None
         for cp in reversed(self.marks):
-            if cp.length - 1 >= target and cp.trimmable_to(target, self.max_trim):
+            if cp.length - 1 >= target and cp.trimmable_to(target):
                 return keep, cp
         before = [cp for cp in self.marks if cp.length <= keep]
         return (before[-1].length, before[-1]) if before else (0, None)

@@ -113,11 +113,11 @@ class BatchCaches:
         v = mx.put_along_axis(v, slots, c.values[..., lo : offset - c.start, :], axis=2)
         return k, v
 
-    def remove(self, slot: BatchSlot, window_caches: list) -> list:
-        """Take a row out: its K/V up to its offset, as caches of its own (`window_caches`: fresh
-        sliding-window caches of the target's, in the layers' order, to fill)."""
+    def remove(self, slot: BatchSlot, fresh: list) -> list:
+        """Take a row out: its K/V up to its offset, as caches of its own (`fresh`: a sequence's
+        new caches, one per layer as the target makes them: its sliding ones are filled)."""
         b, offset = slot.index, slot.offset
-        out, sliding = [], iter(window_caches)
+        out = []
         for i, ring in enumerate(self.rings):
             k, v = self.keys[i][b : b + 1], self.values[i][b : b + 1]
             if ring is None:
@@ -129,7 +129,7 @@ class BatchCaches:
                     c.keys, c.values = k[..., :size, :] * 1, v[..., :size, :] * 1
                 c.offset = offset
             else:
-                c = next(sliding)
+                c = fresh[i]
                 # The positions still in the ring: none older than it was given, none a newer
                 # write (up to the furthest) has overwritten.
                 held = min(offset - self.oldest[b], ring - 1 - (self.furthest[b] - offset), offset)

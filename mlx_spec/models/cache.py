@@ -113,6 +113,10 @@ class SlidingWindowCache:
         self.keys = keys[...] if keys is not None else None
         self.values = values[...] if values is not None else None
 
+    def lowest_reachable(self) -> int:
+        """The lowest offset a snapshot taken now can be trimmed to once restored."""
+        return self.furthest - self.max_trim
+
     def trimmable_to(self, offset: int) -> bool:
         """Whether `trim` can bring the cache back to `offset` positions."""
         return self.furthest - self.max_trim <= offset <= self.offset
