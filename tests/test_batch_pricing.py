@@ -168,3 +168,49 @@ def test_a_size_timed_plain_only_is_priced_by_what_a_position_adds_at_its_rows()
     # free), the nearer size's own shape still holds.
     flat = {(1, 1): 0.010, (1, 7): 0.016, (2, 1): 0.010, (2, 7): 0.0161, (8, 1): 0.012, (8, 7): 0.014, (4, 1): 0.011}
     assert line(flat, 4)(7) == pytest.approx(0.011 * 0.0161 / 0.010)
+
+
+def test_a_batch_tries_only_neighbours_the_line_puts_near_the_choice():
+    """Next to the chosen length, an untimed neighbour is tried to time it. A batch's step is
+    seldom timed (rows join, leave and probe around it), so there a try is paid by every row
+    and mostly times nothing: a batch tries only a neighbour the line puts within
+    EXPLORE_MARGIN of the choice. A request alone still tries it."""
+    from mlx_spec.decoding.draft_lengths import EXPLORE_MARGIN
+    from test_adaptive import engine_after
+
+    lengths = DraftLengths()
+    lengths.acceptance = engine_after(0.5, lambda g: 1.0 + 0.4 * g).acceptance  # pooled: 0.5
+    for rows in (1, ROWS):
+        for positions, ms in ((1, 20.0), (2, 28.0)):
+            for _ in range(3):
+                lengths.observe(rows, positions, ms / 1000)
+    # One guess: 1.5 tokens for 28 ms; two: 1.75 for the line's 36 ms, a tenth slower.
+    assert 1.75 / 36 < (1 - EXPLORE_MARGIN) * 1.5 / 28
+    batch = [DraftLength(prior=lengths.acceptance) for _ in range(ROWS)]
+    assert lengths.choose([Ask(p, 100) for p in batch]) == [1] * ROWS
+    assert (ROWS, 3) not in lengths.explored
+    alone = DraftLength(prior=lengths.acceptance)
+    assert lengths.choose([Ask(alone, 100)]) == [2] and lengths.explored[(1, 3)] == 1
+
+
+def test_a_batch_drafts_only_where_drafting_clearly_beats_plain_steps():
+    """Near break-even the choice turns on the noise in the step times, and a batch pays a
+    wrong draft in every row: a batch of several rows drafts only where the line expects
+    BATCH_MARGIN over plain steps; a request alone drafts for any gain."""
+    from mlx_spec.decoding.draft_lengths import BATCH_MARGIN
+    from test_adaptive import engine_after
+
+    lengths = DraftLengths()
+    lengths.acceptance = engine_after(0.5, lambda g: 1.0 + 0.4 * g).acceptance  # pooled: 0.5
+    # One guess: 1.5 tokens for 29 ms against one for 20: 3% more tokens per second.
+    for rows in (1, ROWS):
+        for positions, ms in ((1, 20.0), (2, 29.0), (3, 40.0)):
+            for _ in range(3):
+                lengths.observe(rows, positions, ms / 1000)
+    assert 1.0 / 20 < 1.5 / 29 < (1 + BATCH_MARGIN) / 20
+    assert lengths.choose([Ask(DraftLength(prior=lengths.acceptance), 100) for _ in range(ROWS)]) == [0] * ROWS
+    assert lengths.choose([Ask(DraftLength(prior=lengths.acceptance), 100)]) == [1]
+    # Where drafting clearly pays, the batch drafts.
+    for _ in range(6):
+        lengths.observe(ROWS, 2, 0.025)
+    assert lengths.choose([Ask(DraftLength(prior=lengths.acceptance), 100) for _ in range(ROWS)]) == [1] * ROWS

@@ -44,6 +44,8 @@ from .policy import DUE, MIN_GAIN, DraftLength, probe_terms
 from .retiming import Retiming
 
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
+EXPLORE_MARGIN = 0.05  # in a batch, a neighbour is tried only if the line puts it this close to the choice
+BATCH_MARGIN = 0.05  # in a batch, drafting must be expected this much faster than plain steps
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 STALE_DECAY = 0.99  # per step since a length was last timed: how much its old time still says
 # A timing over this many times its length's figure counts as this many: one step the machine
@@ -51,6 +53,23 @@ STALE_DECAY = 0.99  # per step since a length was last timed: how much its old t
 # project's CPU such steps left a plain step's figure at 1.6 times its run's median at the run's
 # end. A lasting slowdown is still followed, by up to 4% a step.
 CLIP = 1.5
+
+
+def fastest_of(rates: Optional[List[float]], batch: int, shortest: int = 0) -> int:
+    """The g of the most tokens per second in `rates` (`DraftLengths.rates`), the shortest on a
+    tie, none shorter than `shortest`. A batch of several rows drafts only where that beats
+    plain steps by BATCH_MARGIN: near break-even (a compute-bound device, many rows: on this
+    project's CPU a guess costs a batch of 8 about what a plain position does) the choice turns
+    on the noise in the step times, and every wrong draft is paid by every row."""
+    if rates is None:
+        return 0
+    best, best_rate = 0, -1.0
+    for g, rate in enumerate(rates):
+        if g == 0 and batch > 1:
+            rate *= 1 + BATCH_MARGIN
+        if rate > best_rate and g >= shortest:
+            best, best_rate = g, rate
+    return best
 
 
 class Ask(NamedTuple):
@@ -138,7 +157,8 @@ class DraftLengths:
         drafts none."""
         floor = max((g for _, g in others), default=0)
         limit = max(cap for _, _, cap in deciders)
-        best = self._neighbour(batch, self.fastest(batch, deciders, others), limit, floor)
+        rates = self.rates(batch, deciders, others)
+        best = self._neighbour(batch, fastest_of(rates, batch), limit, floor, rates if batch > 1 else None)
         instead = self.retiming.instead(self, batch, deciders, len(others), best) if floor == 0 else None
         best = best if instead is None else instead
         if best == 0:
@@ -151,24 +171,25 @@ class DraftLengths:
 
     def fastest(self, batch: int, deciders, others=(), shortest: int = 0) -> int:
         """The common g of the deciding rows ((index, policy, cap) each) with the most expected
-        tokens per second for the batch, the shortest on a tie, in one pass (this runs every
-        step, and a plain step of a small model takes a few milliseconds); none shorter than
-        `shortest`. `others`: the other stepping rows' (policy or None, g). A step's time:
-        `step_times`. Where no guess of theirs is expected to be kept, none (only noise makes a
-        draft look cheaper than a plain step), without weighing the lengths: at zero acceptance
-        this is every step."""
+        tokens per second for the batch (`rates`, `fastest_of`); none shorter than `shortest`.
+        Where no guess of theirs is expected to be kept, none (only noise makes a draft look
+        cheaper than a plain step), without weighing the lengths: at zero acceptance this is
+        every step."""
+        return fastest_of(self.rates(batch, deciders, others), batch, shortest)
+
+    def rates(self, batch: int, deciders, others=()) -> Optional[List[float]]:
+        """The batch's expected tokens per second at each common g of the deciding rows, 0 up to
+        the longest cap, in one pass (this runs every step, and a plain step of a small model
+        takes a few milliseconds); None where no guess of theirs is expected to be kept.
+        `others`: the other stepping rows' (policy or None, g). A step's time: `step_times`."""
         floor = max((g for _, g in others), default=0)
         settled = sum(p.stats.expected_tokens(g) if p is not None else 1.0 for p, g in others)
         limit = max(cap for _, _, cap in deciders)
         curves = [(policy.stats.expected_curve(limit), cap) for _, policy, cap in deciders]
         if all(curve[cap] <= 1.0 for curve, cap in curves):
-            return 0
-        best, best_rate = 0, -1.0
-        for g, seconds in enumerate(self.step_times(batch, [max(g, floor) + 1 for g in range(limit + 1)])):
-            rate = (settled + sum(curve[min(g, cap)] for curve, cap in curves)) / seconds
-            if rate > best_rate and g >= shortest:
-                best, best_rate = g, rate
-        return best
+            return None
+        times = self.step_times(batch, [max(g, floor) + 1 for g in range(limit + 1)])
+        return [(settled + sum(curve[min(g, cap)] for curve, cap in curves)) / seconds for g, seconds in enumerate(times)]
 
     def step_times(self, batch: int, positions: List[int]) -> List[float]:
         """A step's time over each of these positions: the measured one, or the
@@ -191,14 +212,20 @@ class DraftLengths:
                 memo[(batch, p)] = min([measured, *(t for timed, t in known if timed > p)])
         return [memo[(batch, p)] for p in positions]
 
-    def _neighbour(self, batch: int, g: int, limit: int, floor: int) -> int:
+    def _neighbour(self, batch: int, g: int, limit: int, floor: int, rates: Optional[List[float]] = None) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
-        only: whether to draft at all is the probes' question."""
+        only: whether to draft at all is the probes' question. `rates` (a batch's): only a
+        neighbour whose expected rate is within EXPLORE_MARGIN of g's. Rows join, leave and
+        probe, so a batch's step is seldom timed (it needs its neighbours' shape): a try costs
+        every row and mostly times nothing. (8 rows of short answers on this project's CPU at
+        a = 0.9: 25 of the first run's 57 steps were tries.)"""
         if g == 0:
             return g
         for n in (g + 1, g - 1):
             key = (batch, max(n, floor) + 1)
-            if 1 <= n <= limit and key not in self.seconds and self.explored.get(key, 0) < EXPLORE_TRIES:
+            if not 1 <= n <= limit or (rates is not None and rates[n] < (1 - EXPLORE_MARGIN) * rates[g]):
+                continue
+            if key not in self.seconds and self.explored.get(key, 0) < EXPLORE_TRIES:
                 self.explored[key] = self.explored.get(key, 0) + 1
                 return n
         return g
