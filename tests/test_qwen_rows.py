@@ -146,3 +146,44 @@ def test_a_conversation_goes_back_to_its_marks(qwen):
     dec = decoder(target, PromptLookup(), None)
     dec.start(state, edited)
     assert [r.token for r in dec.generate(state, ANSWER)] == answer(tuple(edited))
+
+
+def test_rows_joining_a_running_batch_start_from_their_own_state(qwen):
+    """A row that joins after the batch has run passes with guesses brings nothing to replay (its
+    stash as long as the others', none of it kept), and a row that joins after one left takes
+    its place: every answer is still transformers'."""
+    target, answer = qwen
+    lengths = DraftLengths()
+    batch = Batch(target, lengths)
+    outputs, readers = {}, {}
+
+    def join(i, break_at, g):
+        prompt = PROMPTS[i]
+        drafter = ScriptedDrafter(prompt + answer(tuple(prompt)), target.vocab_size, break_at=break_at)
+        dec = decoder(target, drafter, g, lengths)
+        state = SequenceState(target)
+        dec.start(state, prompt)
+        readers[i], outputs[i] = batch.join(dec, state, ANSWER), []
+
+    def run(until):
+        while not until():
+            for i in list(readers):
+                report = next(readers[i], None)
+                if report is None:
+                    del readers[i]
+                elif report is WAITING:
+                    batch.step()
+                else:
+                    outputs[i].append(report.token)
+
+    join(0, 2, 5)
+    run(lambda: len(outputs[0]) >= 12)
+    join(1, None, 4)  # joins while row 0's last pass had 6 positions
+    run(lambda: len(outputs[1]) >= 10)
+    readers.pop(0).close()  # row 0 leaves part way
+    join(2, 0, 3)
+    run(lambda: not readers)
+    for i, prompt in enumerate(PROMPTS):
+        expected = answer(tuple(prompt))
+        assert outputs[i] == expected[: len(outputs[i])], i
+    assert len(outputs[1]) == len(outputs[2]) == ANSWER and len(outputs[0]) >= 12
