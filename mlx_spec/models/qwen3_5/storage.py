@@ -15,7 +15,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from ..batch_cache import BatchCaches, BatchSlot
-from .recurrent import RecurrentCache, Stash, empty_state, of_cache, replay
+from .recurrent import RecurrentCache, Stash, of_cache, replay
 
 RECURRENT = "recurrent"  # a layer kind beside attention's window (None: full attention)
 
@@ -110,5 +110,3 @@ class HybridCaches(BatchCaches):
 def _stacked(rows: Optional[mx.array], row: mx.array) -> mx.array:
     return row if rows is None else mx.concatenate([rows, row])
 
-
-__all__ = ["HybridCaches", "RECURRENT", "empty_state"]
