@@ -24,7 +24,7 @@ from .traces import TraceCache, shapes_of
 MAX_POSITIONS = 32  # the most positions a pass takes (a draft and the token before it)
 
 
-class _RowsCache:
+class RowsCache:
     """One layer's buffer [B, H, C, D] as the traced pass sees it (mlx-lm's cache interface).
 
     A sliding layer's attention reads only the positions its queries may see, gathered from the
@@ -90,7 +90,7 @@ class BatchPass:
 
     def _pass(self, rings: tuple, windows: tuple):
         def run(tokens, offsets, *buffers):
-            layers: List[_RowsCache] = [_RowsCache(buffers[2 * i], buffers[2 * i + 1], offsets, ring, window)
+            layers: List[RowsCache] = [RowsCache(buffers[2 * i], buffers[2 * i + 1], offsets, ring, window)
                                         for i, (ring, window) in enumerate(zip(rings, windows))]
             hidden = self.target.hidden(tokens, layers)
             return [self.target.logits(hidden), hidden, *[b for c in layers for b in (c.keys, c.values)]]

@@ -12,7 +12,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import mlx.core as mx
 
 from ...media.items import MediaSpan, chunk_bounds
-from ..batch_pass import MAX_POSITIONS, _RowsCache
+from ..batch_pass import MAX_POSITIONS, RowsCache
 from ..cache import FullCache
 from ..traces import TraceCache, shapes_of
 from .recurrent import RecurrentCache, Stash, replay, run_layer
@@ -108,7 +108,7 @@ class Target:
             r = len(recurrent) // 5
             windows, states = recurrent[:r], recurrent[r : 2 * r]
             stashes = [Stash(*recurrent[2 * r + 3 * i : 2 * r + 3 * i + 3]) for i in range(r)]
-            rows = [_RowsCache(kv[2 * i], kv[2 * i + 1], offsets, None, None) for i in range(attention_layers)]
+            rows = [RowsCache(kv[2 * i], kv[2 * i + 1], offsets, None, None) for i in range(attention_layers)]
             kept = offsets - began
             x = self.text_model.embed_tokens(tokens)
             mask = rows[0].make_mask(tokens.shape[1]) if rows else None
