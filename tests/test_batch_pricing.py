@@ -175,7 +175,7 @@ def test_a_batch_tries_only_neighbours_the_line_puts_near_the_choice():
     seldom timed (rows join, leave and probe around it), so there a try is paid by every row
     and mostly times nothing: a batch tries only a neighbour the line puts within
     EXPLORE_MARGIN of the choice. A request alone still tries it."""
-    from mlx_spec.decoding.draft_lengths import EXPLORE_MARGIN
+    from mlx_spec.decoding.batch_margins import EXPLORE_MARGIN
     from test_adaptive import engine_after
 
     lengths = DraftLengths()
@@ -197,7 +197,7 @@ def test_a_batch_drafts_only_where_drafting_clearly_beats_plain_steps():
     """Near break-even the choice turns on the noise in the step times, and a batch pays a
     wrong draft in every row: a batch of several rows drafts only where the line expects
     BATCH_MARGIN over plain steps; a request alone drafts for any gain."""
-    from mlx_spec.decoding.draft_lengths import BATCH_MARGIN
+    from mlx_spec.decoding.batch_margins import BATCH_MARGIN
     from test_adaptive import engine_after
 
     lengths = DraftLengths()

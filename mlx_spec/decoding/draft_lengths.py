@@ -37,6 +37,7 @@ climbs to the best measured length instead of stopping where the line pointed.
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .limits import MAX_DRAFT_TOKENS
+from .batch_margins import best_length, worth_trying
 from .step_lines import line, timed_at
 from .lockstep import Lockstep
 from .acceptance_stats import AcceptanceStats, average
@@ -44,8 +45,6 @@ from .policy import DUE, MIN_GAIN, DraftLength, probe_terms
 from .retiming import Retiming
 
 EXPLORE_TRIES = 3  # steps in a row a neighbouring length is tried: a step is timed only between two of its shape
-EXPLORE_MARGIN = 0.05  # in a batch, a neighbour is tried only if the line puts it this close to the choice
-BATCH_MARGIN = 0.05  # in a batch, drafting must be expected this much faster than plain steps
 PRIOR_DECAY = 0.98  # the engine's pooled acceptance: a slower moving average than a request's own
 STALE_DECAY = 0.99  # per step since a length was last timed: how much its old time still says
 # A timing over this many times its length's figure counts as this many: one step the machine
@@ -53,23 +52,6 @@ STALE_DECAY = 0.99  # per step since a length was last timed: how much its old t
 # project's CPU such steps left a plain step's figure at 1.6 times its run's median at the run's
 # end. A lasting slowdown is still followed, by up to 4% a step.
 CLIP = 1.5
-
-
-def fastest_of(rates: Optional[List[float]], batch: int, shortest: int = 0) -> int:
-    """The g of the most tokens per second in `rates` (`DraftLengths.rates`), the shortest on a
-    tie, none shorter than `shortest`. A batch of several rows drafts only where that beats
-    plain steps by BATCH_MARGIN: near break-even (a compute-bound device, many rows: on this
-    project's CPU a guess costs a batch of 8 about what a plain position does) the choice turns
-    on the noise in the step times, and every wrong draft is paid by every row."""
-    if rates is None:
-        return 0
-    best, best_rate = 0, -1.0
-    for g, rate in enumerate(rates):
-        if g == 0 and batch > 1:
-            rate *= 1 + BATCH_MARGIN
-        if rate > best_rate and g >= shortest:
-            best, best_rate = g, rate
-    return best
 
 
 class Ask(NamedTuple):
@@ -158,7 +140,7 @@ class DraftLengths:
         floor = max((g for _, g in others), default=0)
         limit = max(cap for _, _, cap in deciders)
         rates = self.rates(batch, deciders, others)
-        best = self._neighbour(batch, fastest_of(rates, batch), limit, floor, rates if batch > 1 else None)
+        best = self._neighbour(batch, best_length(rates, batch), limit, floor, rates if batch > 1 else None)
         instead = self.retiming.instead(self, batch, deciders, len(others), best) if floor == 0 else None
         best = best if instead is None else instead
         if best == 0:
@@ -171,16 +153,16 @@ class DraftLengths:
 
     def fastest(self, batch: int, deciders, others=(), shortest: int = 0) -> int:
         """The common g of the deciding rows ((index, policy, cap) each) with the most expected
-        tokens per second for the batch (`rates`, `fastest_of`); none shorter than `shortest`.
+        tokens per second for the batch (`rates`, batch_margins.best_length); none shorter than `shortest`.
         Where no guess of theirs is expected to be kept, none (only noise makes a draft look
         cheaper than a plain step), without weighing the lengths: at zero acceptance this is
         every step."""
-        return fastest_of(self.rates(batch, deciders, others), batch, shortest)
+        return best_length(self.rates(batch, deciders, others), batch, shortest)
 
     def rates(self, batch: int, deciders, others=()) -> Optional[List[float]]:
         """The batch's expected tokens per second at each common g of the deciding rows, 0 up to
-        the longest cap, in one pass (this runs every step, and a plain step of a small model
-        takes a few milliseconds); None where no guess of theirs is expected to be kept.
+        the longest cap, in one pass (this runs every step); None where no guess of theirs is
+        expected to be kept.
         `others`: the other stepping rows' (policy or None, g). A step's time: `step_times`."""
         floor = max((g for _, g in others), default=0)
         settled = sum(p.stats.expected_tokens(g) if p is not None else 1.0 for p, g in others)
@@ -215,15 +197,12 @@ class DraftLengths:
     def _neighbour(self, batch: int, g: int, limit: int, floor: int, rates: Optional[List[float]] = None) -> int:
         """A length next to g (longer first) not timed yet, to time it; else g. Drafting lengths
         only: whether to draft at all is the probes' question. `rates` (a batch's): only a
-        neighbour whose expected rate is within EXPLORE_MARGIN of g's. Rows join, leave and
-        probe, so a batch's step is seldom timed (it needs its neighbours' shape): a try costs
-        every row and mostly times nothing. (8 rows of short answers on this project's CPU at
-        a = 0.9: 25 of the first run's 57 steps were tries.)"""
+        neighbour worth trying (batch_margins.worth_trying)."""
         if g == 0:
             return g
         for n in (g + 1, g - 1):
             key = (batch, max(n, floor) + 1)
-            if not 1 <= n <= limit or (rates is not None and rates[n] < (1 - EXPLORE_MARGIN) * rates[g]):
+            if not 1 <= n <= limit or not worth_trying(rates, n, g):
                 continue
             if key not in self.seconds and self.explored.get(key, 0) < EXPLORE_TRIES:
                 self.explored[key] = self.explored.get(key, 0) + 1
