@@ -74,6 +74,7 @@ class Generation:
         self.decoder = engine.decoder(options)
         self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
         self.prompt_tokens: Optional[int] = None
+        self.prompt_ids: List[int] = []  # the prompt's last token ids (a chat format reads its channel there)
         self.limit = 0
         self.released: List[TokenReport] = []
         self.result: Optional[GenerationResult] = None
@@ -102,7 +103,7 @@ class Generation:
         except BaseException:
             self.cache = None  # a failed prompt's sequence never goes back to the prompt cache
             raise
-        self.prompt_tokens = len(tokens)
+        self.prompt_tokens, self.prompt_ids = len(tokens), list(tokens[-16:])
         return self.prompt_tokens
 
     def __iter__(self) -> Iterator[TokenReport]:
@@ -117,7 +118,8 @@ class Generation:
             source = self.batch.join(self.decoder, self.state, self.limit)
         else:
             source = self.decoder.generate(self.state, self.limit)
-        stream = self.engine.text.with_text(self._until_stopped(source) if self.stop_after_token else source)
+        stream = self.engine.text.with_text(self._until_stopped(source) if self.stop_after_token else source,
+                                            self.tools, self.prompt_ids)
         try:
             for step in stream:
                 if step is WAITING:
@@ -131,7 +133,8 @@ class Generation:
             stream.close()  # now, not when collected: the caches hold exactly what was handed over
             source.close()
             self.close()
-            self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit, self.limit)
+            self.result = build_result(self.engine, self.released, self.decoder.stats, self.stops.hit, self.limit,
+                                       self.tools)
 
     def _until_stopped(self, source: Iterator[TokenReport]) -> Iterator[TokenReport]:
         for report in source:
@@ -155,11 +158,11 @@ class Generation:
 
 
 def build_result(engine, steps: List[TokenReport], stats: Stats, stopped_by_string: bool = False,
-                 limit: Optional[int] = None) -> GenerationResult:
+                 limit: Optional[int] = None, tools: Optional[List[dict]] = None) -> GenerationResult:
     """The result of a finished generation from the reports handed out. `limit`: the tokens it
     could have made; an answer short of it that no stop ended was cancelled (None: not known)."""
     tokens = [s.token for s in steps]
-    calls = engine.text.format.parse_tool_calls(engine.text.text_of(tokens))
+    calls = engine.text.format.parse_tool_calls(engine.text.text_of(tokens), tools)
     if calls:
         finish = "tool_calls"
     elif stopped_by_string or (tokens and tokens[-1] in engine.stop_tokens):

@@ -198,7 +198,8 @@ class TextSide:
             return bytes(byte_of[c] for c in piece)
         return piece.encode()  # an added token, such as the format's markers
 
-    def with_text(self, reports: Iterator[TokenReport]) -> Iterator[TokenReport]:
+    def with_text(self, reports: Iterator[TokenReport], tools: Optional[List[dict]] = None,
+                  prompt: Sequence[int] = ()) -> Iterator[TokenReport]:
         """Fill in text pieces (streaming detokenizer, so multi-byte characters come out whole):
         each token's text as written (`raw`) and as shown in its channel (`text`). A token whose
         text the detokenizer still holds (a character's first bytes) comes out with the token
@@ -206,13 +207,15 @@ class TextSide:
         a character cut short as U+FFFD, as mlx-lm and `tokenizer.decode` write it. A tool
         call's tokens are held until its block ends: one that does not read as a call
         (malformed, or cut off by the budget) shows as the text the model wrote, in the answer,
-        rather than vanishing with neither text nor call."""
+        rather than vanishing with neither text nor call. `tools`: the request's declarations
+        (a call is read with them); `prompt`: the token ids the answer follows (its channel may
+        open there)."""
         if self.tokenizer is None:
             yield from reports
             return
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
-        channels = self.format.channels(self.tokenizer)
+        channels = self.format.channels(self.tokenizer, prompt)
         held: List[TokenReport] = []  # the tool call being written
         unwritten: List[TokenReport] = []  # tokens whose text the detokenizer still holds
         for report in reports:
@@ -231,12 +234,13 @@ class TextSide:
                 ready = unwritten
             unwritten = []
             for each in ready:
-                yield from self._shown(each, channels, held)
+                yield from self._shown(each, channels, held, tools)
         for each in _written_out(detokenizer, unwritten):
-            yield from self._shown(each, channels, held)
-        yield from self._settled_call(held)
+            yield from self._shown(each, channels, held, tools)
+        yield from self._settled_call(held, tools)
 
-    def _shown(self, report: TokenReport, channels, held: List[TokenReport]) -> Iterator[TokenReport]:
+    def _shown(self, report: TokenReport, channels, held: List[TokenReport],
+               tools: Optional[List[dict]]) -> Iterator[TokenReport]:
         """One token's report with its channel and shown text, after the tool call before it has
         settled; a tool call's own tokens wait in `held` until their block ends."""
         if report.token not in self.stop_tokens:
@@ -246,15 +250,15 @@ class TextSide:
             held.append(report)
             # Each block settles at its closing marker: a bad one beside a good one is text.
             if getattr(channels, "channel", TOOL_CALL) != TOOL_CALL:
-                yield from self._settled_call(held)
+                yield from self._settled_call(held, tools)
             return
-        yield from self._settled_call(held)
+        yield from self._settled_call(held, tools)
         yield report
 
-    def _settled_call(self, held: List[TokenReport]) -> List[TokenReport]:
+    def _settled_call(self, held: List[TokenReport], tools: Optional[List[dict]] = None) -> List[TokenReport]:
         """A tool call's held reports, emptied from `held`: as they are where the format reads a
         call in them, else in the answer channel showing what was written."""
-        if held and not self.format.parse_tool_calls(self.text_of([r.token for r in held])):
+        if held and not self.format.parse_tool_calls(self.text_of([r.token for r in held]), tools):
             for report in held:
                 report.channel, report.text = ANSWER, report.raw
         out = held[:]

@@ -36,7 +36,8 @@ def test_the_family_loads_through_its_registry_entry(engine):
     assert engine.pair.family is TOY
     assert engine.mtp_drafter is None  # the family names no drafter: lookup alone drafts
     assert engine.context_length == CONFIG["max_position_embeddings"]
-    assert FAMILIES.families == [FAMILIES.default]  # the default registry was left as it was
+    assert TOY not in FAMILIES.families  # the default registry was left as it was
+    assert [f.name for f in FAMILIES.families] == ["Gemma 4", "Qwen3.5"]
 
 
 def test_the_default_registry_refuses_it_by_its_model_type(toy):

@@ -22,6 +22,21 @@ import torch
 
 VOCAB = 320
 HIDDEN = 64
+DATA = Path(__file__).resolve().parent / "data"
+# Qwen's own templates, vendored byte for byte (tests/data/README.md says where from).
+TEMPLATES = {"3.5": DATA / "qwen3.5-chat-template.jinja", "3.6": DATA / "qwen3.6-chat-template.jinja"}
+# Qwen3.5's special and added tokens, by name (their real ids lie past the tiny vocabulary; the
+# product reads every id from the tokenizer).
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+            "<|video_pad|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the weather in Paris? Call the tool.",
+    "user\nassistant\nsystem\n<function=lookup_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n",
+    "def add(a, b):\n    return a + b\n",
+    "# Tools\n\nYou have access to the following functions:\n\n",
+]
 FULL_EVERY = 4  # layers 3 and 7 of 8 attend fully; the others are Gated DeltaNet
 
 
@@ -126,6 +141,29 @@ def build(folder: Path, moe: bool = False, layout: str = "text", seed: int = 0, 
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
+
+
+def save_tokenizer(folder: Path, version: str = "3.5") -> Path:
+    """A byte-level BPE over a small corpus (as Qwen2Tokenizer is), Qwen's special and added
+    tokens, Qwen's own chat template of `version` ("3.5" or "3.6"), and the stop tokens Qwen's
+    generation_config.json names (<|im_end|>, <|endoftext|>)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(ADDED), special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    assert tok.get_vocab_size() <= VOCAB
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = TEMPLATES[version].read_text()
+    fast.save_pretrained(folder)
+    stops = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
+    (Path(folder) / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
+    return Path(folder)
 
 
 def fused_experts(weights: dict) -> dict:

@@ -107,7 +107,7 @@ class PlainChatFormat:
         return messages
 
     @staticmethod
-    def channels(tokenizer):
+    def channels(tokenizer, prompt=()):
         class Answer:
             @staticmethod
             def feed(token, piece):
@@ -116,7 +116,7 @@ class PlainChatFormat:
         return Answer()
 
     @staticmethod
-    def parse_tool_calls(text):
+    def parse_tool_calls(text, tools=None):
         return []
 
     @staticmethod

@@ -3,18 +3,19 @@ family loads, the protocol (protocol.py) what the loop needs of its target and d
 
 checkpoint.py finds and reads checkpoints (folders, hub ids), cache.py holds the trimmable K/V
 caches every family's target can use, traces.py the bounded compiled functions, quantize.py
-quantization after loading. gemma4/ is the Gemma 4 family.
+quantization after loading. gemma4/ is the Gemma 4 family, qwen3_5/ Qwen3.5 and Qwen3.6.
 """
 
 from typing import Any, Tuple
 
 from .checkpoint import Checkpoint, read_checkpoint, resolve
 from .gemma4 import FAMILY as GEMMA4
+from .qwen3_5 import FAMILY as QWEN3_5
 from .registry import Family, Registry, Size
 
 # The families `mlx_spec.load` knows. A caller with a family of its own passes
 # `FAMILIES.with_family(...)` to `load`; nothing here changes.
-FAMILIES = Registry([GEMMA4])
+FAMILIES = Registry([GEMMA4, QWEN3_5])
 
 
 def read(path_or_repo: str, role: str) -> Checkpoint:
@@ -37,4 +38,4 @@ def load_drafter(path_or_repo: str, quantize_bits=None, quantize_mode=None,
     return family.load_drafter(checkpoint, quantize_bits, quantize_mode), checkpoint
 
 
-__all__ = ["FAMILIES", "GEMMA4", "Family", "Registry", "Size", "Checkpoint", "read", "load_target", "load_drafter"]
+__all__ = ["FAMILIES", "GEMMA4", "QWEN3_5", "Family", "Registry", "Size", "Checkpoint", "read", "load_target", "load_drafter"]

@@ -127,13 +127,15 @@ class ChatFormat(Protocol):
     def for_template(self, messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """The messages as the family's chat template renders them natively."""
 
-    def channels(self, tokenizer: Any) -> Any:
+    def channels(self, tokenizer: Any, prompt: Sequence[int] = ()) -> Any:
         """A fresh reader of generated tokens: `feed(token, piece) -> (channel, visible text)`, and
         `channel`, the one the next token starts in (so a tool call's block is known to have ended
-        at its closing marker; without it, at the next token outside the block)."""
+        at its closing marker; without it, at the next token outside the block). `prompt`: the
+        token ids the answer follows (a generation prompt may open a thought itself)."""
 
-    def parse_tool_calls(self, text: str) -> List[Dict[str, Any]]:
-        """The tool calls in an answer's text, as [{"id", "name", "arguments"}]."""
+    def parse_tool_calls(self, text: str, tools: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+        """The tool calls in an answer's text, as [{"id", "name", "arguments"}]; `tools`: the
+        request's declarations (a format that writes values untyped reads their types there)."""
 
     def assistant_message(self, text: str, tool_calls: List[Dict[str, Any]], thinking: str = "") -> Dict[str, Any]:
         """The model's answer as a chat message for the next turn's history."""

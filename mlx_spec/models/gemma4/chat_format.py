@@ -12,7 +12,7 @@ import json
 import math
 import re
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mlx_lm.tool_parsers import gemma4 as gemma4_tools
 
@@ -35,8 +35,9 @@ QUOTED = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.DOTALL)
 BARE_KEY = re.compile(r"(?<=[{,])\s*([^\s{}\[\],:\x00][^{}\[\],:\x00]*?)\s*:")
 
 
-def parse_tool_calls(text: str) -> List[Dict[str, Any]]:
-    """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}]: each block's call read
+def parse_tool_calls(text: str, tools: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """Tool calls in Gemma 4's format, as [{"id", "name", "arguments"}] (typed as written: the
+    format quotes strings, so `tools` is not read): each block's call read
     with any key the template writes, else with mlx-lm's Gemma 4 parser (several calls in one
     block). A malformed call is left out, and so is one holding a number JSON cannot carry
     (NaN, Infinity, 1e999: Python's parser reads them, and no client's JSON would)."""
@@ -219,8 +220,8 @@ class Gemma4ChatFormat:
     assistant_message = staticmethod(assistant_message)
 
     @staticmethod
-    def channels(tokenizer) -> Channels:
-        return Channels(tokenizer)
+    def channels(tokenizer, prompt: Sequence[int] = ()) -> Channels:
+        return Channels(tokenizer)  # (every answer starts in the answer channel: no prompt opens one)
 
 
 CHAT_FORMAT = Gemma4ChatFormat()

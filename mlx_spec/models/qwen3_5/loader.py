@@ -9,6 +9,7 @@ import mlx.core as mx
 from ...errors import LoadError
 from ..checkpoint import Checkpoint, mlx_error, weight_files
 from .mtp import MTPLayer, sanitize
+from .target import Target
 
 # The multimodal wrappers as Qwen publishes them, and their text models alone.
 TARGET_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -34,10 +35,18 @@ def target_from(ckpt: Checkpoint) -> Any:
     return model
 
 
-def mtp_layers(ckpt: Checkpoint) -> int:
-    """How many MTP layers the config says the checkpoint holds (Qwen3-Next's name too)."""
-    text = text_config(ckpt.config)
+def mtp_layers_of(text: dict) -> int:
+    """How many MTP layers a text config says the checkpoint holds (Qwen3-Next's name too)."""
     return int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0)
+
+
+def mtp_layers(ckpt: Checkpoint) -> int:
+    return mtp_layers_of(text_config(ckpt.config))
+
+
+def load_target(ckpt: Checkpoint) -> Any:
+    """The family's target (target.py) over mlx-lm's network with the checkpoint's weights."""
+    return Target(target_from(ckpt))
 
 
 def mtp_from(ckpt: Checkpoint, model: Any) -> MTPLayer:

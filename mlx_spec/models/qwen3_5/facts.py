@@ -1,0 +1,46 @@
+"""What a Qwen3.5 / Qwen3.6 config.json says about the memory the loop needs: the K/V of its
+full-attention layers (and of the MTP layer, which keeps its own), and the Gated DeltaNet layers'
+state, which is the same at any context."""
+
+from typing import Any, Mapping, Optional
+
+from .loader import mtp_layers_of, text_config
+
+DEFAULT_FULL_EVERY = 4  # mlx-lm's and transformers' default full_attention_interval
+
+
+def full_attention_layers(text: Mapping[str, Any]) -> int:
+    """How many of the target's layers attend fully (the rest are Gated DeltaNet)."""
+    kinds = text.get("layer_types")
+    if isinstance(kinds, list):
+        return sum(kind == "full_attention" for kind in kinds)
+    return int(text["num_hidden_layers"]) // int(text.get("full_attention_interval") or DEFAULT_FULL_EVERY)
+
+
+def context_of(config: Mapping[str, Any]) -> Optional[int]:
+    """The positions the target attends over at most (its text config's max_position_embeddings)."""
+    text = text_config(dict(config))
+    value = text.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) -> Optional[int]:
+    """Bytes of a target's caches at `context` tokens: keys and values of every full-attention
+    layer and of the MTP layer over the whole context, and each Gated DeltaNet layer's
+    convolution window and state (float32, as mlx-lm keeps the state). No layer slides, so
+    `sliding_slack` counts nothing. None where the config does not say enough."""
+    text = text_config(dict(config))
+    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
+    if not all(isinstance(text.get(k), int) for k in needed):
+        return None
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype")
+    item = 4 if dtype == "float32" else 2  # bfloat16 unless the checkpoint says float32
+    attention = full_attention_layers(text) + mtp_layers_of(text)
+    kv = attention * 2 * text["num_key_value_heads"] * head_dim * context * item
+    linear = text["num_hidden_layers"] - full_attention_layers(text)
+    key_dim = text.get("linear_key_head_dim", 128) * text.get("linear_num_key_heads", 16)
+    value_heads, value_dim = text.get("linear_num_value_heads", 32), text.get("linear_value_head_dim", 128)
+    conv = (text.get("linear_conv_kernel_dim", 4) - 1) * (2 * key_dim + value_heads * value_dim) * item
+    state = value_heads * value_dim * text.get("linear_key_head_dim", 128) * 4
+    return kv + linear * (conv + state)
