@@ -97,6 +97,7 @@ def _load(model, drafter, drafter_bits, drafter_mode, context, force, media, reg
             why = f"the {size} size it has the structure of" if size else "no known size's structure, the nearest"
             raise LoadError(f"{e}. This drafter was chosen for the target (drafter=\"auto\": {why}); pass the "
                             "drafter made for it, or none (drafter=None, --no-mtp)") from None
+        family.join(target, assistant)
     if lockstep.size > 1:
         family.split(target, assistant, lockstep.group, experts)
     evaluate_weights(target)

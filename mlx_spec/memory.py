@@ -99,9 +99,14 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
         if drafter_weights is None and not auto:
             return None
         # (An auto drafter not known offline is left out: the target alone is still checked.)
-        weights += drafter_weights or 0
+        # (A drafter in the target's own checkpoint, as Qwen3.5's MTP layer is, is counted there.)
+        weights += (drafter_weights or 0) if not _same_folder(drafter, target) else 0
     counted = drafter if drafter_weights else None
     return Estimate(weights, kv_cache, context, counted, config, drafter_config if counted else None)
+
+
+def _same_folder(drafter: str, target: str) -> bool:
+    return drafter == target or Path(drafter).expanduser().resolve() == Path(target).expanduser().resolve()
 
 
 def _auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:

@@ -18,6 +18,8 @@ from mlx_spec.generation import build_result
 from mlx_spec.models import FAMILIES
 from mlx_spec.models.qwen3_5 import FAMILY
 from mlx_spec.models.qwen3_5.chat_format import parse_tool_calls
+from mlx_spec.models.qwen3_5.drafter import MTPDraft
+from mlx_spec.models.qwen3_5.mtp import MTPCache
 from mlx_spec.models.qwen3_5.facts import kv_cache_bytes
 
 WEATHER = {"type": "function", "function": {
@@ -56,10 +58,19 @@ def test_the_vendored_templates_are_qwens_own():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == sums[version], path
 
 
-def test_the_registry_knows_qwen_and_its_drafter_is_lookup(engine, folder):
+def test_the_registry_knows_qwen_and_its_drafter_is_its_own_mtp_layer(engine, folder):
     assert FAMILIES.family_for_config(json.loads((folder / "config.json").read_text())) is FAMILY
     assert engine.pair.family is FAMILY
-    assert engine.pair.assistant is None  # its MTP drafter is not wired yet: "auto" drafts by lookup
+    assert isinstance(engine.pair.assistant, MTPDraft) and engine.pair.drafter_path == folder
+    assert engine.pair.target.mtp is engine.pair.assistant.layer  # the target's passes write its K/V
+    assert mlx_spec.load(str(folder), drafter=None).pair.target.mtp is None
+
+
+def test_a_checkpoint_without_an_mtp_layer_drafts_by_lookup(tmp_path):
+    folder = tiny_qwen.save_tokenizer(tiny_qwen.build(tmp_path, mtp=False))
+    engine = mlx_spec.load(str(folder))
+    assert engine.pair.assistant is None
+    assert engine.generate([{"role": "user", "content": "hi"}], max_tokens=4).stats.generated_tokens > 0
 
 
 def test_a_tool_round_trip_renders_as_qwens_template_writes_it(engine):
@@ -115,7 +126,7 @@ def test_what_qwens_template_refuses_is_a_clear_error(engine, messages, wrong):
 @pytest.mark.parametrize("drafter", [None, "auto"])
 def test_a_chat_answer_is_transformers_greedy_answer(engine, folder, drafter):
     """The prompt as transformers' tokenizer renders it, the answer as its model continues it
-    (MTP off, and drafting by prompt lookup), up to Qwen's stop tokens."""
+    (MTP off, and drafting with its MTP layer and prompt lookup), up to Qwen's stop tokens."""
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. The quick brown fox"}]
@@ -134,9 +145,9 @@ def test_a_chat_answer_is_transformers_greedy_answer(engine, folder, drafter):
 
 
 def test_the_memory_check_counts_what_the_caches_hold(engine, folder):
-    """kv_cache_bytes: the full-attention layers' K/V at the context, plus the Gated DeltaNet
-    state, read against what a prefill of that many positions leaves in the caches (plus the
-    MTP layer's K/V, one more full-attention layer)."""
+    """kv_cache_bytes: the full-attention layers' and the MTP layer's K/V at the context, plus
+    the Gated DeltaNet state, read against what a prefill of that many positions leaves in the
+    caches."""
     config = json.loads((folder / "config.json").read_text())
     target, context = engine.pair.target, 64
     cache = target.make_cache(0)
@@ -144,5 +155,5 @@ def test_the_memory_check_counts_what_the_caches_hold(engine, folder):
     attention = [c for c in cache if hasattr(c, "keys")]
     held = sum(c.keys[..., :context, :].nbytes + c.values[..., :context, :].nbytes for c in attention)
     held += sum(a.nbytes for c in cache if not hasattr(c, "keys") for a in c.cache)
-    one_layer = attention[0].keys[..., :context, :].nbytes * 2
-    assert kv_cache_bytes(config, context, 0) == held + one_layer
+    assert isinstance(cache[-1], MTPCache) and len(attention) == 3  # two full-attention layers and the MTP's
+    assert kv_cache_bytes(config, context, 0) == held

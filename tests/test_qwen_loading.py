@@ -71,7 +71,7 @@ def test_the_mtp_layer_drafts_as_the_reference(checkpoints, reference):
     _, drafted = reference
     for folder in checkpoints[:2]:
         ckpt, model = loaded(folder)
-        layer = mtp_from(ckpt, model)
+        layer = mtp_from(ckpt, model.language_model.args)
         lm = model.language_model
         ids = mx.array([PROMPT])
         hidden = lm.model(ids)  # after the final norm
@@ -112,9 +112,9 @@ def test_a_checkpoint_without_its_mtp_layer_says_so(tmp_path):
     folder = tiny_qwen.build(tmp_path / "none", mtp=False)
     ckpt, model = loaded(folder)
     with pytest.raises(LoadError, match="mtp_num_hidden_layers 0"):
-        mtp_from(ckpt, model)
+        mtp_from(ckpt, model.language_model.args)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
     ckpt, model = loaded(folder)
     with pytest.raises(LoadError, match="no weight is under mtp"):
-        mtp_from(ckpt, model)
+        mtp_from(ckpt, model.language_model.args)

@@ -46,13 +46,14 @@ class MTPDrafter(Drafter):
         # The K/V stay the same for every step of the round: their masks are built once.
         kv = self.assistant.kv_inputs(context.kv)
         step = self._step(context.settings if sampled else None, tuple(a.shape for a in kv))
+        carry = self.assistant.carry(hidden, kv, g)
         guesses, qs = [], []
         for i in range(g):
             if sampled:
-                token, hidden, q = step(token, hidden, position, context.uniforms[i], *kv)
+                token, carry, q = step(token, carry, position, context.uniforms[i], *kv)
                 qs.append(q)
             else:
-                token, hidden = step(token, hidden, position, *kv)
+                token, carry = step(token, carry, position, *kv)
             guesses.append(token.reshape(1))
             yield
         tokens = mx.concatenate(guesses) if guesses else mx.zeros((0,), mx.int32)  # int32 steps
@@ -76,9 +77,9 @@ class MTPDrafter(Drafter):
         a draft step at a time (decoding/batch.py)."""
         kv = self.assistant.kv_inputs(kv)
         step = self._step(None, tuple(a.shape for a in kv))
-        token, guesses = last.astype(mx.int32), []
+        token, guesses, carry = last.astype(mx.int32), [], self.assistant.carry(hidden, kv, g)
         for _ in range(g):
-            token, hidden = step(token, hidden, positions, *kv)
+            token, carry = step(token, carry, positions, *kv)
             guesses.append(token)
             yield
         return (mx.concatenate(guesses, axis=1) if guesses else mx.zeros((last.shape[0], 0), mx.int32)), guesses
@@ -91,19 +92,19 @@ class MTPDrafter(Drafter):
         key = None if settings is None else settings.unseeded()
         return self.traces.get(("draft", self, key, shapes), lambda: self._sampled_step(key) if key else self._argmax_step)
 
-    def _layers(self, token, hidden, position, kv):
-        return self.assistant.step(self.target.embed(token), hidden, kv, position)
+    def _layers(self, token, carry, position, kv):
+        return self.assistant.step(self.target.embed(token), carry, kv, position)
 
-    def _argmax_step(self, token, hidden, position, *kv):
-        h, hidden = self._layers(token, hidden, position, kv)
+    def _argmax_step(self, token, carry, position, *kv):
+        h, carry = self._layers(token, carry, position, kv)
         # int32, as the first step's input token: one trace serves every step.
-        return self.assistant.greedy_token(h).astype(mx.int32), hidden
+        return self.assistant.greedy_token(h).astype(mx.int32), carry
 
     def _sampled_step(self, settings: SamplingSettings):
-        def step(token, hidden, position, uniforms, *kv):
-            h, hidden = self._layers(token, hidden, position, kv)
+        def step(token, carry, position, uniforms, *kv):
+            h, carry = self._layers(token, carry, position, kv)
             dist = distribution(self.assistant.full_logits(h)[0, 0], settings)
             token = dist.sample(uniforms).reshape(1, 1).astype(mx.int32)
-            return token, hidden, dist.dense(self.assistant.vocab_size)
+            return token, carry, dist.dense(self.assistant.vocab_size)
 
         return step

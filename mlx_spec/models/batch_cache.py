@@ -120,8 +120,8 @@ class BatchCaches:
         out = []
         for i, ring in enumerate(self.rings):
             k, v = self.keys[i][b : b + 1], self.values[i][b : b + 1]
-            if ring is None:
-                c = FullCache()
+            if ring is None:  # (the family's own kind of full cache where it makes one)
+                c = fresh[i] if isinstance(fresh[i], FullCache) else FullCache()
                 size = FullCache.step * -(-offset // FullCache.step)
                 if len(self.slots) == 1 and k.shape[2] <= size + FullCache.step:
                     c.keys, c.values = self.keys[i], self.values[i]  # the last row takes the buffers as they are

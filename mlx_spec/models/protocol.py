@@ -109,9 +109,14 @@ class DraftModel(Protocol):
     def kv_inputs(self, kv: Dict[str, SharedKV]) -> Tuple[mx.array, ...]:
         """The arrays one draft step reads out of the target's K/V (whole buffers and masks)."""
 
-    def step(self, token_embedding: mx.array, hidden: mx.array, kv: Tuple[mx.array, ...],
-             position: mx.array) -> Tuple[mx.array, mx.array]:
-        """(h, next hidden) for one draft position: h for the logits, next hidden for the next step."""
+    def carry(self, hidden: Any, kv: Tuple[mx.array, ...], steps: int) -> Any:
+        """What a round of up to `steps` steps hands its first step: the target's hidden state,
+        and whatever else the drafter keeps from step to step (arrays, or a tuple of them)."""
+
+    def step(self, token_embedding: mx.array, carry: Any, kv: Tuple[mx.array, ...],
+             position: mx.array) -> Tuple[mx.array, Any]:
+        """(h, next carry) for one draft position: h for the logits, the carry for the next step.
+        `position`: the last settled token's (held for the round: the drafter places its steps)."""
 
     def greedy_token(self, h: mx.array) -> mx.array:
         """The argmax token [B, 1] of a state, ties to the lowest id."""

@@ -34,7 +34,11 @@ class Family:
     load_drafter: Optional[Callable[[Checkpoint, Optional[int], Optional[str]], Any]] = None
     # (target, draft model, drafter path): a LoadError where the drafter cannot read the target
     check_pair: Callable[[Any, Any, Path], None] = lambda target, drafter, path: None
-    # The drafter (hub id or folder) made for this target checkpoint, or None.
+    # (target, draft model): each given what it reads of the other (a drafter whose layer's K/V
+    # the target's passes write, say), after check_pair.
+    join: Callable[[Any, Any], None] = lambda target, drafter: None
+    # The drafter (hub id or folder) made for this target checkpoint, or None (the target's own
+    # folder, where its checkpoint holds its MTP layer).
     drafter_for: Callable[[Checkpoint], Optional[str]] = lambda checkpoint: None
     sizes: Mapping[str, Size] = field(default_factory=dict)
     # The short name of the size a loaded target has the structure of, or None.

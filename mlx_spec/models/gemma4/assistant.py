@@ -122,6 +122,11 @@ class Assistant(nn.Module):
         sliding, full = kv[SLIDING].last(self.sliding_span), kv[FULL]
         return sliding.keys, sliding.values, sliding.mask(), full.keys, full.values, full.mask()
 
+    def carry(self, hidden: mx.array, kv: Tuple[mx.array, ...], steps: int) -> mx.array:
+        """What a round's first step takes: the target's hidden state (each step hands the next
+        its projection; the assistant keeps nothing else between steps)."""
+        return hidden
+
     def step(self, token_embedding: mx.array, hidden: mx.array, kv: Tuple[mx.array, ...],
              position) -> Tuple[mx.array, mx.array]:
         """One draft step for a single position.

@@ -8,23 +8,29 @@ checkpoint: the second family (issue: Qwen).
 - target.py: the target behind models/protocol.py's `TargetModel`, its batch pass compiled;
 - chat_format.py: thoughts and Qwen3-Coder's XML tool calls; facts.py: the memory it needs.
 
+- mtp.py and drafter.py: the MTP layer, its K/V written by the target's passes (one slot per
+  target position, so it trims with them), and its draft steps (drafting/mtp.py drives them).
+
 The loop decodes it exactly (tests/test_qwen_rows.py: transformers' greedy answers with every
-count of kept guesses, rows of a batch, marks), drafting by prompt lookup. Its MTP drafter (a
-layer with K/V of its own, in the storage beside the target's) comes next: until then the
-family names no drafter, and `drafter="auto"` drafts by lookup alone.
+count of kept guesses, rows of a batch, marks); the drafts are the reference MTP head's
+(tests/test_qwen_mtp.py).
 """
 
 from ..registry import Family
 from .chat_format import CHAT_FORMAT
 from .facts import context_of, kv_cache_bytes
-from .loader import TARGET_TYPES, load_target
+from .loader import TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
 
 FAMILY = Family(
     name="Qwen3.5",
     target_types=TARGET_TYPES,
-    drafter_types=(),
+    drafter_types=TARGET_TYPES,  # its drafter is the MTP layer in the target's own checkpoint
     load_target=load_target,
     chat_format=CHAT_FORMAT,
+    load_drafter=drafter_from,
+    check_pair=check_pair,
+    join=join,
+    drafter_for=drafter_for,
     kv_cache_bytes=kv_cache_bytes,
     context_of=context_of,
 )

@@ -2,12 +2,15 @@
 holds under `mtp.` (which mlx-lm's loader drops) from a checkpoint already read
 (models/checkpoint.py). Every problem a user can cause is a `LoadError` naming the path."""
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import mlx.core as mx
 
 from ...errors import LoadError
 from ..checkpoint import Checkpoint, mlx_error, weight_files
+from ..quantize import quantize_drafter
+from .drafter import MTPDraft
 from .mtp import MTPLayer, sanitize
 from .target import Target
 
@@ -49,8 +52,44 @@ def load_target(ckpt: Checkpoint) -> Any:
     return Target(target_from(ckpt))
 
 
-def mtp_from(ckpt: Checkpoint, model: Any) -> MTPLayer:
-    """The checkpoint's MTP layer, for the target `model` loaded from it (target_from)."""
+def text_args(ckpt: Checkpoint) -> Any:
+    """mlx-lm's text model arguments of a checkpoint's config (as its Model makes them)."""
+    from mlx_lm.models import qwen3_5
+
+    try:
+        return qwen3_5.TextModelArgs.from_dict(qwen3_5.ModelArgs.from_dict(ckpt.config).text_config)
+    except (TypeError, ValueError, KeyError) as e:
+        raise LoadError(f"target {ckpt.path}: its config.json does not describe a Qwen3.5 model: {e}") from None
+
+
+def drafter_for(ckpt: Checkpoint) -> Optional[str]:
+    """The target's own checkpoint, where its config says it holds an MTP layer."""
+    return str(ckpt.path) if mtp_layers(ckpt) >= 1 else None
+
+
+def drafter_from(ckpt: Checkpoint, quantize_bits: Optional[int] = None, quantize_mode: Optional[str] = None) -> MTPDraft:
+    """The MTP layer of a target checkpoint as a draft model (quantized after loading when asked)."""
+    draft = MTPDraft(mtp_from(ckpt, text_args(ckpt)))
+    if quantize_bits is not None or quantize_mode is not None:
+        quantize_drafter(draft.layer, quantize_bits, quantize_mode or "affine")
+    return draft
+
+
+def check_pair(target: Target, draft: MTPDraft, drafter_path: Path) -> None:
+    """The MTP layer reads the target's hidden states and embeds and scores with its vocabulary."""
+    ours, theirs = draft.layer.fc.weight.shape[0], target.hidden_size
+    if ours != theirs:
+        raise LoadError(f"drafter {drafter_path}: its MTP layer is made for hidden size {ours}; the target's is {theirs}")
+
+
+def join(target: Target, draft: MTPDraft) -> None:
+    """Each reads the other's part: the target's passes write the MTP layer's K/V, and the draft
+    model embeds and scores with the target's embedding and head."""
+    target.mtp, draft.target = draft.layer, target
+
+
+def mtp_from(ckpt: Checkpoint, args: Any) -> MTPLayer:
+    """The checkpoint's MTP layer, for a target of mlx-lm's text model arguments `args`."""
     count = mtp_layers(ckpt)
     if count != 1:
         raise LoadError(f"target {ckpt.path}: config.json says mtp_num_hidden_layers {count}; its MTP drafting "
@@ -67,7 +106,7 @@ def mtp_from(ckpt: Checkpoint, model: Any) -> MTPLayer:
     if not weights:
         raise LoadError(f"target {ckpt.path}: config.json says it has an MTP layer, but no weight is under mtp. "
                         "(mlx-lm's conversions drop them: convert from the original checkpoint keeping mtp.*)")
-    layer = MTPLayer(model.language_model.args)
+    layer = MTPLayer(args)
     try:
         layer.load_weights(list(sanitize(weights, hugging_face_layout).items()), strict=True)
     except ValueError as e:

@@ -10,12 +10,14 @@ attention, q/k norms, partial RoPE; a mixture of experts in the MoE) with K/V of
 pair (h_t, x_{t+1}) sits at position t.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
+
+from ..cache import FullCache
 
 # Every norm of the layer is Qwen3.5's (1 + w) kind; MLX's RMSNorm scales by w alone, so a
 # checkpoint as Hugging Face holds it is shifted once on load (as mlx-lm does the target's).
@@ -40,6 +42,66 @@ class MTPLayer(nn.Module):
         x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(next_embeddings), self.pre_fc_norm_hidden(hidden)], axis=-1))
         x = self.layers[0](x, mask=create_attention_mask(x, cache), cache=cache)
         return self.norm(x)
+
+
+def pair_keys_values(layer: MTPLayer, next_embeddings: mx.array, hidden: mx.array,
+                     positions: Union[int, mx.array]) -> Tuple[mx.array, mx.array]:
+    """The MTP layer's keys and values [B, Hkv, L, D] of pairs (hidden state at t, embedding of
+    token t + 1) at positions t from `positions` (each row's own where an array [B]): what its
+    attention writes to its cache, without the rest of the layer (only the K/V are kept of a
+    verified position; the draft step computes its own)."""
+    x = layer.fc(mx.concatenate([layer.pre_fc_norm_embedding(next_embeddings), layer.pre_fc_norm_hidden(hidden)], axis=-1))
+    decoder = layer.layers[0]
+    attention, x = decoder.self_attn, decoder.input_layernorm(x)
+    B, L, _ = x.shape
+    keys = attention.k_norm(attention.k_proj(x).reshape(B, L, attention.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
+    values = attention.v_proj(x).reshape(B, L, attention.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    return attention.rope(keys, offset=positions), values
+
+
+class MTPCache(FullCache):
+    """The MTP layer's K/V in a sequence's own caches, one slot per target position: slot s holds
+    the pair (h_{s-1}, x_s), whose position is s - 1 (slot 0 has no hidden state before it and
+    is never read). Shifted so, it trims and grows with the target's layers, position for
+    position. It keeps the target's hidden states of its last pass too: the next pass's first
+    pair is the hidden state before it with that pass's first token."""
+
+    KEEP = 64  # hidden states kept of a pass: further back than any trim goes
+
+    def __init__(self):
+        super().__init__()
+        self.passed: Optional[mx.array] = None  # [1, n, H]: the hidden states at began, began + 1, ...
+        self.began = 0
+
+    def hidden_before(self, offset: int, like: mx.array) -> mx.array:
+        """The target's hidden state at position offset - 1 [1, 1, H] (zeros where not kept: a
+        rewind past the last pass costs that one pair's accuracy, never a token)."""
+        j = offset - 1 - self.began
+        if self.passed is None or not 0 <= j < self.passed.shape[1]:
+            return mx.zeros((like.shape[0], 1, like.shape[-1]), like.dtype)
+        return self.passed[:, j : j + 1]
+
+    def keep_passed(self, hidden: mx.array, began: int) -> None:
+        kept = min(hidden.shape[1], self.KEEP)
+        self.passed, self.began = hidden[:, -kept:], began + hidden.shape[1] - kept
+
+    # A mark keeps the hidden states as they were (the K/V's older slots never change).
+    def snapshot(self) -> tuple:
+        return self.passed, None, self.began, self.offset
+
+    def restore(self, snapshot: tuple) -> None:
+        self.passed, _, self.began, offset = snapshot
+        self.trim(self.offset - offset)
+
+    def lowest_reachable(self) -> int:
+        return 0
+
+    def trimmable_to(self, offset: int) -> bool:
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + (self.passed.nbytes if self.passed is not None else 0)
 
 
 def sanitize(weights: Dict[str, mx.array], hugging_face_layout: bool) -> Dict[str, mx.array]:

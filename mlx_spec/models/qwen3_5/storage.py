@@ -21,12 +21,17 @@ RECURRENT = "recurrent"  # a layer kind beside attention's window (None: full at
 
 
 class HybridCaches(BatchCaches):
-    def __init__(self, kinds: list, layers: list, max_trim: int, max_pass: int):
+    def __init__(self, kinds: list, layers: list, max_trim: int, max_pass: int, mtp_hidden: Optional[int] = None):
         """kinds[i]: target layer i's kind (RECURRENT, or its attention's sliding window, None for
         full attention); layers: the Gated DeltaNet modules, in order (their convolution and
-        recurrence replay a row's positions when it leaves)."""
+        recurrence replay a row's positions when it leaves). mtp_hidden: the target's hidden
+        size where the last kind is the MTP layer's K/V (models/qwen3_5/mtp.py: MTPCache), and each row keeps the hidden states its
+        next pass's first pair may need."""
         super().__init__([k for k in kinds if k != RECURRENT], max_trim, max_pass)
-        self.kinds, self.layers = kinds, layers
+        self.kinds, self.layers, self.mtp_hidden = kinds, layers, mtp_hidden
+        self.mtp = mtp_hidden is not None
+        # [B, n, H]: each row's target hidden states at began - 1, began, ... (the last pass's)
+        self.before: Optional[mx.array] = None
         self.conv_windows: List[Optional[mx.array]] = [None] * len(layers)  # [B, K-1, C]
         self.states: List[Optional[mx.array]] = [None] * len(layers)  # [B, Hv, Dv, Dk], float32
         self.stashes: List[Optional[Stash]] = [None] * len(layers)  # the last pass's inputs
@@ -51,6 +56,12 @@ class HybridCaches(BatchCaches):
             self.stashes[i] = Stash(*(mx.concatenate([part, mx.zeros((1, *part.shape[1:]), part.dtype)]) for part in stash))
         self.began = _stacked(self.began, mx.array([offset], mx.int32))
         self.began_at_most.append(offset)
+        if self.mtp:  # its next pass begins at its offset: the hidden state before it first
+            dtype = attention[0].keys.dtype
+            own = cache[-1].hidden_before(offset, mx.zeros((1, 1, self.mtp_hidden), dtype)).astype(dtype)
+            rows = self.before if self.before is not None else mx.zeros((0, 1, self.mtp_hidden), dtype)
+            row = mx.concatenate([own, mx.zeros((1, rows.shape[1] - 1, self.mtp_hidden), dtype)], axis=1)
+            self.before = mx.concatenate([rows, row])
         return slot
 
     def remove(self, slot: BatchSlot, fresh: list) -> list:
@@ -66,7 +77,11 @@ class HybridCaches(BatchCaches):
             cache = RecurrentCache()
             cache[0], cache[1], cache.offset = window, state, offset
             own.append(cache)
-        attention = iter(super().remove(slot, [c for c, kind in zip(fresh, self.kinds) if kind != RECURRENT]))
+        attention = super().remove(slot, [c for c, kind in zip(fresh, self.kinds) if kind != RECURRENT])
+        if self.mtp:  # the hidden state before its offset goes with its MTP layer's K/V
+            at = (mx.array(offset, mx.int32) - self.began[b]).reshape(1)
+            attention[-1].keep_passed(mx.take(self.before[b : b + 1], at, axis=1), offset - 1)
+        attention = iter(attention)
         keep = mx.array([r for r in range(len(self.began_at_most)) if r != b])
         rows_left = len(self.began_at_most) > 1
         for i in range(len(self.layers)):
@@ -74,6 +89,8 @@ class HybridCaches(BatchCaches):
             self.states[i] = self.states[i][keep] if rows_left else None
             self.stashes[i] = Stash(*(part[keep] for part in self.stashes[i])) if rows_left else None
         self.began = self.began[keep] if rows_left else None
+        if self.mtp:
+            self.before = self.before[keep] if rows_left else None
         del self.began_at_most[b]
         recurrent = iter(own)
         return [next(recurrent) if kind == RECURRENT else next(attention) for kind in self.kinds]
@@ -91,10 +108,12 @@ class HybridCaches(BatchCaches):
         """How far the row can go back: no further than where its last pass began."""
         return max(0, min(BatchCaches.trim_room(self, row), self.offsets[row] - self.began_at_most[row]))
 
-    def passed(self, windows: list, states: list, stashes: list, began: mx.array) -> None:
+    def passed(self, windows: list, states: list, stashes: list, began: mx.array, before: Optional[mx.array] = None) -> None:
         """A pass ran from `began` [B] (its rows' offsets, on the device), leaving each Gated
-        DeltaNet layer's window and state as it began and its inputs; called before `written`."""
+        DeltaNet layer's window and state as it began and its inputs, and the hidden states
+        from began - 1 (with an MTP layer); called before `written`."""
         self.conv_windows, self.states, self.stashes, self.began = list(windows), list(states), list(stashes), began
+        self.before = before
         self.began_at_most = list(self.offsets)
 
     @property
@@ -104,7 +123,8 @@ class HybridCaches(BatchCaches):
 
     @property
     def nbytes(self) -> int:
-        return super().nbytes + sum(a.nbytes for a in self.recurrent_buffers if a is not None)
+        held = [*self.recurrent_buffers, self.before]
+        return super().nbytes + sum(a.nbytes for a in held if a is not None)
 
 
 def _stacked(rows: Optional[mx.array], row: mx.array) -> mx.array:

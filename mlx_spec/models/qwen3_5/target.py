@@ -15,6 +15,8 @@ from ...media.items import MediaSpan, chunk_bounds
 from ..batch_pass import MAX_POSITIONS, RowsCache
 from ..cache import FullCache
 from ..traces import TraceCache, shapes_of
+from ..protocol import SharedKV
+from .mtp import MTPCache, MTPLayer, pair_keys_values
 from .recurrent import RecurrentCache, Stash, replay, run_layer
 from .storage import RECURRENT, HybridCaches
 
@@ -27,6 +29,8 @@ class Target:
         self.args = self.lm.args
         self.traces = TraceCache()
         self._weights_ready = False
+        # The MTP layer, once a drafter drafts with it (`join`): every pass then writes its K/V.
+        self.mtp: Optional[MTPLayer] = None
 
     @property
     def hidden_size(self) -> int:
@@ -45,11 +49,20 @@ class Target:
         return [RECURRENT if layer.is_linear else None for layer in self.text_model.layers]
 
     def make_cache(self, max_trim: int) -> list:
-        return [RecurrentCache() if layer.is_linear else FullCache() for layer in self.text_model.layers]
+        own = [RecurrentCache() if layer.is_linear else FullCache() for layer in self.text_model.layers]
+        return own + ([MTPCache()] if self.mtp is not None else [])
 
     def hidden(self, tokens: mx.array, cache: list) -> mx.array:
-        """Hidden states after the final norm [B, L, H] of `tokens`, appended to `cache`."""
-        return self.text_model(tokens, cache=cache)
+        """Hidden states after the final norm [B, L, H] of `tokens`, appended to `cache` (and
+        with an MTP layer, its K/V of the pairs these positions complete: see MTPCache)."""
+        if self.mtp is None:
+            return self.text_model(tokens, cache=cache)
+        mtp_cache, start = cache[-1], cache[-1].offset
+        hidden = self.text_model(tokens, cache=cache[:-1])
+        pairs = mx.concatenate([mtp_cache.hidden_before(start, hidden), hidden[:, :-1]], axis=1)
+        mtp_cache.update_and_fetch(*pair_keys_values(self.mtp, self.embed(tokens), pairs, start - 1))
+        mtp_cache.keep_passed(hidden, start)
+        return hidden
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
@@ -76,7 +89,9 @@ class Target:
 
     def batch_caches(self, max_trim: int, max_pass: int) -> HybridCaches:
         linear = [layer.linear_attn for layer in self.text_model.layers if layer.is_linear]
-        return HybridCaches(self.kinds, linear, max_trim, max_pass)
+        mtp = self.mtp is not None  # its K/V: one more full-attention layer, last
+        return HybridCaches(self.kinds + ([None] if mtp else []), linear, max_trim, max_pass,
+                            self.hidden_size if mtp else None)
 
     def forward_batch(self, tokens: mx.array, caches: HybridCaches, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """(logits, hidden) of every row's tokens [B, L], each row at its own offset, compiled."""
@@ -90,21 +105,24 @@ class Target:
             self._weights_ready = True
         offsets = caches.device_offsets() if offsets is None else offsets
         kv = [b for k, v in zip(caches.keys, caches.values) for b in (k, v)]
-        inputs = [tokens.astype(mx.int32), offsets, caches.began, *kv, *caches.recurrent_buffers]
-        function = self.traces.get(("qwen-pass", shapes_of(inputs)), lambda: self._pass(len(kv) // 2))
+        mtp = [caches.before] if caches.mtp else []
+        inputs = [tokens.astype(mx.int32), offsets, caches.began, *kv, *caches.recurrent_buffers, *mtp]
+        function = self.traces.get(("qwen-pass", shapes_of(inputs)), lambda: self._pass(len(kv) // 2, caches.mtp))
         logits, hidden, *out = function(*inputs)
         kv_out, recurrent = out[: len(kv)], out[len(kv):]
+        before = recurrent.pop() if caches.mtp else None
         r = len(caches.layers)
         stashes = [Stash(*recurrent[2 * r + 3 * i : 2 * r + 3 * i + 3]) for i in range(r)]
-        caches.passed(recurrent[:r], recurrent[r : 2 * r], stashes, offsets)
+        caches.passed(recurrent[:r], recurrent[r : 2 * r], stashes, offsets, before)
         caches.written(kv_out[0::2], kv_out[1::2], n)
         return logits, hidden
 
-    def _pass(self, attention_layers: int):
+    def _pass(self, attention_layers: int, mtp: bool):
         layers = self.text_model.layers
 
         def run(tokens, offsets, began, *buffers):
             kv, recurrent = buffers[: 2 * attention_layers], buffers[2 * attention_layers:]
+            recurrent, before = (recurrent[:-1], recurrent[-1]) if mtp else (recurrent, None)
             r = len(recurrent) // 5
             windows, states = recurrent[:r], recurrent[r : 2 * r]
             stashes = [Stash(*recurrent[2 * r + 3 * i : 2 * r + 3 * i + 3]) for i in range(r)]
@@ -127,16 +145,36 @@ class Target:
                 new_states.append(state)
                 new_stashes.extend(stash)
             hidden = self.text_model.norm(x)
-            return [self.logits(hidden), hidden, *(b for c in rows for b in (c.keys, c.values)),
-                    *new_windows, *new_states, *new_stashes]
+            out = [self.logits(hidden), hidden]
+            if mtp:  # the MTP layer's K/V of the pairs this pass completes, in its rows (last)
+                incoming = mx.take_along_axis(before, kept[:, None, None], axis=1)
+                pairs = mx.concatenate([incoming, hidden[:, :-1]], axis=1)
+                rows[-1].update_and_fetch(*pair_keys_values(self.mtp, self.embed(tokens), pairs, offsets - 1))
+                new_stashes.append(mx.concatenate([incoming, hidden], axis=1))
+            return [*out, *(b for c in rows for b in (c.keys, c.values)), *new_windows, *new_states, *new_stashes]
 
         return run
 
-    def batch_drafter_buffers(self, caches, end=None) -> Dict:
-        return {}  # its MTP layer keeps K/V of its own (mtp.py), no drafter reads the target's
+    def batch_drafter_buffers(self, caches: HybridCaches, end: Optional[mx.array] = None) -> Dict[str, SharedKV]:
+        """The MTP layer's K/V in every row of the storage (its last attention layer), slots
+        1 .. end - 1: the pairs of every settled position (empty without an MTP layer)."""
+        if not caches.mtp:
+            return {}
+        end = caches.device_offsets() if end is None else end
+        keys, values = caches.keys[-1], caches.values[-1]
+        return {MTP: SharedKV(keys, values, mx.ones_like(end), end, mx.arange(keys.shape[2])[None])}
 
-    def drafter_buffers(self, cache: list) -> Dict:
-        return {}
+    def drafter_buffers(self, cache: list) -> Dict[str, SharedKV]:
+        """The MTP layer's K/V in a sequence's own caches (MTPCache), every settled pair."""
+        if self.mtp is None:
+            return {}
+        own = cache[-1]
+        if own.keys is None:
+            raise ValueError("the target has processed no tokens yet: prefill first")
+        return {MTP: SharedKV(own.keys, own.values, 1, own.offset)}
+
+
+MTP = "mtp"  # the drafter's K/V by name (models/protocol.py: SharedKV)
 
 
 def _arrays(cache) -> list:
