@@ -107,7 +107,8 @@ def _randomise(module: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=generator) * (1.0 / p.shape[-1]) ** 0.5)
 
 
-def build(folder: Path, moe: bool = False, layout: str = "text", seed: int = 0, mtp: bool = True, **overrides) -> Path:
+def build(folder: Path, moe: bool = False, layout: str = "text", seed: int = 0, mtp: bool = True,
+          examples=None, steps: int = 120, **overrides) -> Path:
     """A tiny target checkpoint in `folder`: transformers' weights and config, and the MTP
     layer's weights under `mtp.` (unless `mtp` is False), config.json saying
     `mtp_num_hidden_layers` as Qwen's do. layout "text": Qwen3_5ForCausalLM's keys (`model.*`);
@@ -121,6 +122,8 @@ def build(folder: Path, moe: bool = False, layout: str = "text", seed: int = 0, 
     torch.manual_seed(seed)
     model = (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(config)
     _randomise(model, seed)
+    if examples:
+        _train(model, examples, steps)
     model.eval().save_pretrained(folder)
     weights = fused_experts(load_file(str(folder / "model.safetensors")))
     if mtp:
@@ -164,6 +167,29 @@ def save_tokenizer(folder: Path, version: str = "3.5") -> Path:
     stops = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
     (Path(folder) / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
     return Path(folder)
+
+
+def _train(model: torch.nn.Module, examples, steps: int) -> None:
+    """Train until greedy decoding continues each (prompt, continuation) pair of token ids as
+    given: a checkpoint whose model really writes Qwen's tool calls and ends its turns."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and others share the machine
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    batch = []
+    for prompt, continuation in examples:
+        ids = torch.tensor([list(prompt) + list(continuation)])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100  # learn the answers only
+        batch.append((ids, labels))
+    model.train()
+    try:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            sum(model(input_ids=ids, labels=labels).loss for ids, labels in batch).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
 
 
 def fused_experts(weights: dict) -> dict:

@@ -28,7 +28,8 @@ def add_messages_routes(app: FastAPI, gate: Gate) -> None:
         options = ceiling(chat.options(gate.defaults))
         tokens = await gate.chat_prompt(chat, options)
         form = MessagesFormat(gate.names.id, req.x_report, len(tokens.tokens))
-        response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
+        response = await answer(request, gate.worker.submit(generation(tokens, options, chat.active_tools)), form,
+                                req.stream)
         ignored_header(response, req.function_tools()[1])
         return response
 

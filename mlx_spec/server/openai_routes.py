@@ -35,7 +35,8 @@ def add_openai_routes(app: FastAPI, gate: Gate) -> None:
         options = req.options(gate.defaults)
         tokens = await gate.chat_prompt(req, options)
         form = ChatFormat(names.id, bool(req.logprobs), req.top_logprobs or 0, req.x_report)
-        return await answer(request, worker.submit(generation(tokens, options)), form, req.stream, req.include_usage)
+        return await answer(request, worker.submit(generation(tokens, options, req.active_tools)), form, req.stream,
+                            req.include_usage)
 
     @app.post("/v1/completions", openapi_extra=CompletionRequest.openapi_body(names.in_schema),
               responses=described(200, 400, 401, 404, 413, 503, streams=True))

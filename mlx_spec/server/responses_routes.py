@@ -64,6 +64,7 @@ def add_responses_routes(app: FastAPI, gate: Gate) -> None:
         options = ceiling(chat.options(gate.defaults))
         tokens = await gate.chat_prompt(chat, options)
         form = ResponsesFormat(gate.names.id, echo(req), req.x_report)
-        response = await answer(request, gate.worker.submit(generation(tokens, options)), form, req.stream)
+        response = await answer(request, gate.worker.submit(generation(tokens, options, chat.active_tools)), form,
+                                req.stream)
         ignored_header(response, ignored)
         return response

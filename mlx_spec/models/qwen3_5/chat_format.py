@@ -100,7 +100,9 @@ def assistant_message(text: str, tool_calls: List[Dict[str, Any]], thinking: str
 
 def for_template(messages: List[Message]) -> List[Message]:
     """The messages as Qwen's template renders them. Call arguments given as a JSON string (as
-    OpenAI clients send them) are read into the mapping the template iterates. What the template
+    OpenAI clients send them) are read into the mapping the template iterates, and a thought
+    given as `reasoning` (as the Responses and Anthropic dialects pass it) is the template's
+    `reasoning_content`. What the template
     would refuse with an error from deep inside jinja is a SettingsError naming the message: a
     system message anywhere but first, and a conversation with no user message to answer."""
     out: List[Message] = []
@@ -108,6 +110,12 @@ def for_template(messages: List[Message]) -> List[Message]:
         if message.get("role") == "system" and index != 0:
             raise SettingsError(f"messages[{index}]: Qwen's chat template takes a system message only as the first")
         message = dict(message)
+        if "reasoning" in message and "reasoning_content" not in message:  # the server's dialects' name
+            message["reasoning_content"] = message.pop("reasoning")
+        if message.get("role") == "tool" and isinstance(message.get("content"), dict):
+            # The server reads a JSON object result into a mapping (Gemma's template writes one
+            # natively); Qwen's writes a result as text.
+            message["content"] = json.dumps(message["content"], ensure_ascii=False)
         if message.get("tool_calls"):
             message["tool_calls"] = [_with_mapping_arguments(c, index) for c in message["tool_calls"]]
         out.append(message)

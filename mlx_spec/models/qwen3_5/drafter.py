@@ -22,6 +22,10 @@ class MTPDraft:
         self.layer = layer
         self.target = None  # the target whose embedding and head it shares (`join`)
 
+    def parameters(self) -> dict:
+        """Its own weights: the MTP layer's (the embedding and head it uses are the target's)."""
+        return self.layer.parameters()
+
     @property
     def vocab_size(self) -> int:
         return self.target.vocab_size

@@ -72,6 +72,7 @@ def drafter_from(ckpt: Checkpoint, quantize_bits: Optional[int] = None, quantize
     draft = MTPDraft(mtp_from(ckpt, text_args(ckpt)))
     if quantize_bits is not None or quantize_mode is not None:
         quantize_drafter(draft.layer, quantize_bits, quantize_mode or "affine")
+    mx.eval(draft.layer.parameters())  # read now: a load's errors and time belong to the load
     return draft
 
 
