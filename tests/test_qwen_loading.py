@@ -91,7 +91,7 @@ def test_a_norm_shifted_twice_or_not_at_all_shows(checkpoints, reference):
     """The test above can fail: the MTP layer's norms left unshifted, or shifted again, part
     from the reference."""
     from mlx_spec.models.checkpoint import weight_files
-    from mlx_spec.models.qwen3_5.mtp import MTPLayer, sanitize
+    from mlx_spec.models.qwen3_5.mtp import SHIFTED_NORMS, MTPLayer, sanitize
 
     _, drafted = reference
     ckpt, model = loaded(checkpoints[0])
@@ -99,8 +99,10 @@ def test_a_norm_shifted_twice_or_not_at_all_shows(checkpoints, reference):
     ids = mx.array([PROMPT])
     hidden, embeddings = lm.model(ids), lm.model.embed_tokens(ids)
     raw = {k: v for f in weight_files(ckpt.path) for k, v in mx.load(f).items() if k.startswith("mtp.")}
-    unshifted = sanitize(raw, hugging_face_layout=False)
-    twice = {k: v + 1.0 if v.ndim == 1 else v for k, v in sanitize(raw, hugging_face_layout=True).items()}
+    once = sanitize(raw)
+    unshifted = {k: v - 1.0 if v.ndim == 1 and (k == "norm.weight" or k.endswith(SHIFTED_NORMS)) else v
+                 for k, v in once.items()}
+    twice = {k: v + 1.0 if v.ndim == 1 else v for k, v in once.items()}
     for weights in (unshifted, twice):
         layer = MTPLayer(lm.args)
         layer.load_weights(list(weights.items()), strict=True)
@@ -118,3 +120,55 @@ def test_a_checkpoint_without_its_mtp_layer_says_so(tmp_path):
     ckpt, model = loaded(folder)
     with pytest.raises(LoadError, match="no weight is under mtp"):
         mtp_from(ckpt, model.language_model.args)
+
+
+def test_a_conversion_that_dropped_the_mtp_layer_loads_drafting_by_lookup(tmp_path):
+    """mlx-lm's conversions drop mtp.* but keep the config's count: drafter "auto" then loads the
+    target alone, with a warning saying why, where an explicit drafter is a LoadError."""
+    import mlx_spec
+
+    folder = tiny_qwen.save_tokenizer(tiny_qwen.build(tmp_path / "dropped", mtp=False))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    with pytest.warns(UserWarning, match="drafts by prompt lookup alone"):
+        engine = mlx_spec.load(str(folder))
+    assert engine.pair.assistant is None and engine.pair.target.mtp is None
+    with pytest.raises(LoadError, match="no weight is under mtp"):
+        mlx_spec.load(str(folder), drafter=str(folder))
+
+
+@pytest.mark.parametrize("stored", ["shifted", "raw"])
+def test_an_mlx_conversion_with_the_mtp_layer_added_loads_it_quantized_and_shifted_once(tmp_path, stored):
+    """mlx-lm's conversion (8-bit) of the tiny checkpoint, the MTP layer then added quantized as
+    the target is, its norms stored shifted (as mlx-lm shifts the target's) or raw (as scripts
+    that copy Qwen's mtp.* tensors leave them): either way the loaded layer is the one quantized
+    here from the shifted weights, bit for bit."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm import convert
+
+    from mlx_spec.models.qwen3_5.mtp import SHIFTED_NORMS
+
+    folder = tiny_qwen.build(tmp_path / "hf", layout="multimodal")  # (the model_type mlx-lm converts)
+    converted = tmp_path / "mlx"
+    convert(str(folder), str(converted), quantize=True, q_bits=8, q_group_size=32)
+    ckpt, model = loaded(folder)
+    layer = mtp_from(ckpt, model.language_model.args)
+    nn.quantize(layer, group_size=32, bits=8)
+    stored_weights = {}
+    for name, value in tree_flatten(layer.parameters()):
+        norm = value.ndim == 1 and (name == "norm.weight" or name.endswith(SHIFTED_NORMS))
+        stored_weights[f"mtp.{name}"] = value - 1.0 if norm and stored == "raw" else value
+    mx.save_safetensors(str(converted / "model-mtp.safetensors"), stored_weights)
+    config = json.loads((converted / "config.json").read_text())
+    assert config["quantization"]["bits"] == 8 and mtp_layers_said(config) == 1
+    ours, their_model = loaded(converted)
+    reloaded = mtp_from(ours, their_model.language_model.args)
+    ids = mx.array([PROMPT])
+    hidden, embeddings = model.language_model.model(ids), model.language_model.model.embed_tokens(ids)
+    assert mx.array_equal(reloaded(embeddings[:, 1:], hidden[:, :-1]), layer(embeddings[:, 1:], hidden[:, :-1]))
+
+
+def mtp_layers_said(config: dict) -> int:
+    text = config.get("text_config", config)
+    return text.get("mtp_num_hidden_layers", 0)

@@ -2,10 +2,14 @@
 holds under `mtp.` (which mlx-lm's loader drops) from a checkpoint already read
 (models/checkpoint.py). Every problem a user can cause is a `LoadError` naming the path."""
 
+import json
+import struct
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ...errors import LoadError
 from ..checkpoint import Checkpoint, mlx_error, weight_files
@@ -63,8 +67,34 @@ def text_args(ckpt: Checkpoint) -> Any:
 
 
 def drafter_for(ckpt: Checkpoint) -> Optional[str]:
-    """The target's own checkpoint, where its config says it holds an MTP layer."""
-    return str(ckpt.path) if mtp_layers(ckpt) >= 1 else None
+    """The target's own checkpoint, where it holds an MTP layer. A conversion that dropped the
+    layer's weights (mlx-lm's do) but kept the config's count drafts by prompt lookup alone,
+    with a warning saying why (rather than failing to load)."""
+    if mtp_layers(ckpt) < 1:
+        return None
+    if not has_mtp_weights(ckpt.path):
+        warnings.warn(f"{ckpt.path}: config.json says it has an MTP layer, but its weights hold none (mlx-lm's "
+                      "conversions drop them): it drafts by prompt lookup alone. Convert from the original "
+                      "checkpoint keeping mtp.* to draft with its MTP layer.", stacklevel=2)
+        return None
+    return str(ckpt.path)
+
+
+def has_mtp_weights(path: Path) -> bool:
+    """Whether the checkpoint's weight files name any tensor under `mtp.`, read from their
+    headers (no weight is read). True where there are no files to read yet (a hub id whose
+    weights are not downloaded: its config is all there is to go by)."""
+    files = weight_files(Path(path))
+    for file in files:
+        try:
+            with open(file, "rb") as f:
+                size = struct.unpack("<Q", f.read(8))[0]
+                names = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):
+            return True  # (unreadable: loading it says what is wrong)
+        if any(name.startswith("mtp.") for name in names):
+            return True
+    return not files
 
 
 def drafter_from(ckpt: Checkpoint, quantize_bits: Optional[int] = None, quantize_mode: Optional[str] = None) -> MTPDraft:
@@ -95,21 +125,34 @@ def mtp_from(ckpt: Checkpoint, args: Any) -> MTPLayer:
     if count != 1:
         raise LoadError(f"target {ckpt.path}: config.json says mtp_num_hidden_layers {count}; its MTP drafting "
                         "needs exactly 1 (Qwen3.5 and Qwen3.6 have 1)")
-    weights, hugging_face_layout = {}, False
+    weights = {}
     for file in weight_files(ckpt.path):
         try:
             arrays = mx.load(file)  # lazy: only the MTP layer's arrays are ever read
         except (ValueError, RuntimeError) as e:
             raise mlx_error("target", ckpt.path, e) from None
         weights.update({k: v for k, v in arrays.items() if k.startswith("mtp.")})
-        # mlx-lm's own test of a checkpoint in Hugging Face's layout: its conv1d not yet transposed.
-        hugging_face_layout |= any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in arrays.items())
     if not weights:
         raise LoadError(f"target {ckpt.path}: config.json says it has an MTP layer, but no weight is under mtp. "
                         "(mlx-lm's conversions drop them: convert from the original checkpoint keeping mtp.*)")
-    layer = MTPLayer(args)
+    layer, weights = MTPLayer(args), sanitize(weights)
+    quantized_as(layer, weights, ckpt)
     try:
-        layer.load_weights(list(sanitize(weights, hugging_face_layout).items()), strict=True)
+        layer.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise LoadError(f"target {ckpt.path}: its mtp. weights do not fit a Qwen3.5 MTP layer of this target: {e}") from None
     return layer
+
+
+def quantized_as(layer: MTPLayer, weights: dict, ckpt: Checkpoint) -> None:
+    """The layer quantized as its stored weights are, where they are (an MLX conversion that
+    kept or added the MTP layer quantizes it as the target: the config's `quantization`), each
+    module that has stored scales, as mlx-lm loads a model."""
+    if not any(k.endswith(".scales") for k in weights):
+        return
+    settings = ckpt.config.get("quantization") or text_config(ckpt.config).get("quantization")
+    if not isinstance(settings, dict) or "bits" not in settings:
+        raise LoadError(f"target {ckpt.path}: its mtp. weights are quantized, and config.json says not how "
+                        "(no \"quantization\" with its bits and group size)")
+    nn.quantize(layer, group_size=settings.get("group_size", 64), bits=settings["bits"],
+                mode=settings.get("mode", "affine"), class_predicate=lambda path, _: f"{path}.scales" in weights)

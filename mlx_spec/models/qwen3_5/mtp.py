@@ -104,10 +104,13 @@ class MTPCache(FullCache):
         return super().nbytes + (self.passed.nbytes if self.passed is not None else 0)
 
 
-def sanitize(weights: Dict[str, mx.array], hugging_face_layout: bool) -> Dict[str, mx.array]:
+def sanitize(weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
     """The `mtp.` weights of a target checkpoint as MTPLayer names them: the MoE's fused experts
-    split as mlx-lm splits the target's, and the norms shifted where the checkpoint is in Hugging
-    Face's layout (an MLX conversion that kept them has them shifted already)."""
+    split as mlx-lm splits the target's, and each norm shifted to (1 + w) where its weights read
+    unshifted. Its values say which, not the checkpoint's layout: Hugging Face's holds w (near 0
+    when trained), mlx-lm's own conversions 1 + w (near 1), and third-party scripts that add the
+    MTP layer to an MLX conversion hold either. A shift missed reads as no acceptance at all,
+    one applied twice as lower acceptance: neither as a wrong token."""
     out = {}
     for key, value in weights.items():
         if not key.startswith("mtp."):
@@ -121,7 +124,12 @@ def sanitize(weights: Dict[str, mx.array], hugging_face_layout: bool) -> Dict[st
         if key.endswith(".experts.down_proj"):
             out[key.replace(".experts.down_proj", ".switch_mlp.down_proj.weight")] = value
             continue
-        if hugging_face_layout and value.ndim == 1 and (key == "norm.weight" or key.endswith(SHIFTED_NORMS)):
+        if value.ndim == 1 and (key == "norm.weight" or key.endswith(SHIFTED_NORMS)) and reads_unshifted(value):
             value = value + 1.0
         out[key] = value
     return out
+
+
+def reads_unshifted(norm: mx.array) -> bool:
+    """Whether a (1 + w) norm's stored weights are w, not 1 + w (their mean below one half)."""
+    return float(norm.astype(mx.float32).mean()) < 0.5
