@@ -185,3 +185,23 @@ def test_greedy_answers_with_the_mtp_drafter_are_transformers(qwen):
     for prompt in PROMPTS:
         for g in (1, 4):
             assert alone(qwen.target, prompt, MTPDrafter(qwen.draft, qwen.target), g)[0] == qwen.answer(prompt)
+
+
+def test_a_conversation_back_at_its_mark_drafts_as_the_reference(qwen):
+    """The next turn leaves the last answer part way: the sequence goes back to a mark (the MTP
+    layer's kept hidden states restored with the Gated DeltaNet states), prefills the rest, and
+    its drafts are the reference head's over the new text."""
+    prompt = PROMPTS[2]
+    drafter = MTPDrafter(qwen.draft, qwen.target)
+    state = SequenceState(qwen.target)
+    decoder = Decoder(qwen.target, SamplingSettings(), drafter, 3, stop_tokens=[])
+    decoder.start(state, prompt)
+    assert [r.token for r in decoder.generate(state, ANSWER)] == qwen.answer(prompt)
+    edited = prompt + qwen.answer(prompt)[:10] + [7, 8, 9]  # leaves the answer part way
+    decoder = Decoder(qwen.target, SamplingSettings(), drafter, 3, stop_tokens=[])
+    decoder.start(state, edited)
+    assert len(prompt) - 1 <= decoder.stats.prompt_reused < len(prompt) + 10  # from the mark at the prompt's end
+    assert qwen.our_drafts(state.tokens, state.cache, state.hidden, 4) == qwen.drafts(state.tokens, 4)
+    torch.testing.assert_close(qwen.our_first_state(state.tokens, state.cache, state.hidden),
+                               qwen.first_state(state.tokens), atol=1e-4, rtol=1e-4)
+    assert [r.token for r in decoder.generate(state, ANSWER)] == qwen.answer(edited)
