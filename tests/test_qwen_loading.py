@@ -172,3 +172,29 @@ def test_an_mlx_conversion_with_the_mtp_layer_added_loads_it_quantized_and_shift
 def mtp_layers_said(config: dict) -> int:
     text = config.get("text_config", config)
     return text.get("mtp_num_hidden_layers", 0)
+
+
+def test_a_split_mtp_folder_is_the_same_drafter(checkpoints, tmp_path):
+    """The MTP layer split into a `qwen3_5_mtp` folder of its own (mlx-vlm's layout) loads as
+    the drafter, to the same weights as from the target's own checkpoint, and decodes exactly;
+    passed as the target, it says what it is."""
+    import mlx_spec
+    from mlx.utils import tree_flatten
+
+    from mlx_spec.models.qwen3_5.loader import drafter_from
+
+    text, _, moe = checkpoints
+    split = tiny_qwen.split_mtp(text, tmp_path / "mtp")
+    own = dict(tree_flatten(drafter_from(read_checkpoint(text, "drafter")).parameters()))
+    separate = dict(tree_flatten(drafter_from(read_checkpoint(split, "drafter")).parameters()))
+    assert own.keys() == separate.keys()
+    assert all(mx.array_equal(own[k], separate[k]) for k in own)
+    engine = mlx_spec.load(str(text), drafter=str(split)).with_stop_tokens([])
+    assert engine.pair.drafter_path == split and engine.pair.target.mtp is engine.pair.assistant.layer
+    model, _ = tiny_qwen.reference(text, moe=moe)
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert engine.generate(PROMPT, max_tokens=24, draft_tokens=3).tokens == expected
+    with pytest.raises(LoadError, match="this is an MTP drafter"):
+        mlx_spec.load(str(split))

@@ -88,10 +88,12 @@ class Qwen:
         return MTPDrafter(self.draft, self.target).draft(context, g).tokens.tolist()
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
+@pytest.fixture(scope="module", params=["dense", "moe", "tied"])
 def qwen(request, tmp_path_factory):
-    moe = request.param == "moe"
-    return Qwen(tiny_qwen.build(tmp_path_factory.mktemp(f"mtp-{request.param}"), moe=moe), moe)
+    """Dense and MoE with their own heads, and dense with the head tied to the embedding."""
+    moe, tied = request.param == "moe", request.param == "tied"
+    folder = tiny_qwen.build(tmp_path_factory.mktemp(f"mtp-{request.param}"), moe=moe, tie_word_embeddings=tied)
+    return Qwen(folder, moe)
 
 
 @pytest.mark.parametrize("chunk", [5, 64])

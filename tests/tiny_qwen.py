@@ -192,6 +192,39 @@ def _train(model: torch.nn.Module, examples, steps: int) -> None:
     model.eval()
 
 
+def split_mtp(folder: Path, out: Path) -> Path:
+    """The MTP layer of a tiny checkpoint split into a drafter folder of its own, in the layout
+    mlx-vlm's splitter writes (its qwen3_5_mtp README and split.py): config.json with
+    `model_type: "qwen3_5_mtp"` and the target's text config under `text_config`; the layer's
+    weights without the `mtp.` prefix, the fused experts split into `switch_mlp`, and every
+    (1 + w) norm stored shifted."""
+    from safetensors.torch import load_file, save_file
+
+    norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight",
+             "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+    weights = {}
+    for key, value in load_file(str(Path(folder) / "model.safetensors")).items():
+        if not key.startswith("mtp."):
+            continue
+        key = key[len("mtp."):]
+        if key.endswith(".experts.gate_up_proj"):
+            prefix, middle = key[: -len(".experts.gate_up_proj")], value.shape[-2] // 2
+            weights[f"{prefix}.switch_mlp.gate_proj.weight"] = value[..., :middle, :].contiguous()
+            weights[f"{prefix}.switch_mlp.up_proj.weight"] = value[..., middle:, :].contiguous()
+        elif key.endswith(".experts.down_proj"):
+            weights[key.replace(".experts.down_proj", ".switch_mlp.down_proj.weight")] = value
+        else:
+            weights[key] = value + 1.0 if value.ndim == 1 and key.endswith(norms) else value
+    config = json.loads((Path(folder) / "config.json").read_text())
+    text = config.get("text_config", config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp", "text_config": text, "block_size": 3,
+                                                 "tie_word_embeddings": text.get("tie_word_embeddings", False)}))
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "mlx"})
+    return out
+
+
 def fused_experts(weights: dict) -> dict:
     """The experts as Qwen3.5's MoE checkpoints hold them (and vLLM and mlx-lm read them):
     `experts.gate_up_proj` [E, 2I, H] (gate first) and `experts.down_proj` [E, H, I], where

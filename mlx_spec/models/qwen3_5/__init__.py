@@ -19,12 +19,12 @@ count of kept guesses, rows of a batch, marks); the drafts are the reference MTP
 from ..registry import Family
 from .chat_format import CHAT_FORMAT
 from .facts import context_of, kv_cache_bytes
-from .loader import TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
+from .loader import DRAFTER_TYPES, TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
 
 FAMILY = Family(
     name="Qwen3.5",
     target_types=TARGET_TYPES,
-    drafter_types=TARGET_TYPES,  # its drafter is the MTP layer in the target's own checkpoint
+    drafter_types=DRAFTER_TYPES,  # the MTP layer in the target's own checkpoint, or split into its own
     load_target=load_target,
     chat_format=CHAT_FORMAT,
     load_drafter=drafter_from,

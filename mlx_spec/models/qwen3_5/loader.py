@@ -20,6 +20,14 @@ from .target import Target
 
 # The multimodal wrappers as Qwen publishes them, and their text models alone.
 TARGET_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+# A drafter: a target's own checkpoint, or the MTP layer split into a folder of its own (mlx-vlm's
+# splitter: its weights without the `mtp.` prefix, the experts split, the norms shifted; the
+# target's text config under `text_config`).
+SPLIT_MTP = "qwen3_5_mtp"
+DRAFTER_TYPES = (*TARGET_TYPES, SPLIT_MTP)
+WHERE_MTP_IS = ("The MTP layer is in Qwen's own checkpoints (Qwen/Qwen3.6-27B, ...), in conversions that keep mtp.*, "
+                "and split into folders of its own (model_type qwen3_5_mtp, as mlx-vlm's splitter writes them): pass "
+                "one of those as the drafter, or draft without it (--no-mtp; prompt lookup still drafts)")
 
 
 def text_config(config: dict) -> dict:
@@ -57,10 +65,13 @@ def load_target(ckpt: Checkpoint) -> Any:
 
 
 def text_args(ckpt: Checkpoint) -> Any:
-    """mlx-lm's text model arguments of a checkpoint's config (as its Model makes them)."""
+    """mlx-lm's text model arguments of a checkpoint's config (as its Model makes them; a split
+    MTP folder's from the target's text config it carries)."""
     from mlx_lm.models import qwen3_5
 
     try:
+        if ckpt.config.get("model_type") == SPLIT_MTP:
+            return qwen3_5.TextModelArgs.from_dict(ckpt.config["text_config"])
         return qwen3_5.TextModelArgs.from_dict(qwen3_5.ModelArgs.from_dict(ckpt.config).text_config)
     except (TypeError, ValueError, KeyError) as e:
         raise LoadError(f"target {ckpt.path}: its config.json does not describe a Qwen3.5 model: {e}") from None
@@ -70,7 +81,7 @@ def drafter_for(ckpt: Checkpoint) -> Optional[str]:
     """The target's own checkpoint, where it holds an MTP layer. A conversion that dropped the
     layer's weights (mlx-lm's do) but kept the config's count drafts by prompt lookup alone,
     with a warning saying why (rather than failing to load)."""
-    if mtp_layers(ckpt) < 1:
+    if mtp_layers(ckpt) < 1 or ckpt.config.get("model_type") == SPLIT_MTP:  # (a drafter itself: no target's)
         return None
     if not has_mtp_weights(ckpt.path):
         warnings.warn(f"{ckpt.path}: config.json says it has an MTP layer, but its weights hold none (mlx-lm's "
@@ -123,18 +134,20 @@ def mtp_from(ckpt: Checkpoint, args: Any) -> MTPLayer:
     """The checkpoint's MTP layer, for a target of mlx-lm's text model arguments `args`."""
     count = mtp_layers(ckpt)
     if count != 1:
-        raise LoadError(f"target {ckpt.path}: config.json says mtp_num_hidden_layers {count}; its MTP drafting "
-                        "needs exactly 1 (Qwen3.5 and Qwen3.6 have 1)")
+        raise LoadError(f"drafter {ckpt.path}: config.json says mtp_num_hidden_layers {count}; its MTP drafting "
+                        f"needs exactly 1 (Qwen3.5 and Qwen3.6 have 1). {WHERE_MTP_IS}")
     weights = {}
     for file in weight_files(ckpt.path):
         try:
             arrays = mx.load(file)  # lazy: only the MTP layer's arrays are ever read
         except (ValueError, RuntimeError) as e:
             raise mlx_error("target", ckpt.path, e) from None
+        if ckpt.config.get("model_type") == SPLIT_MTP:  # the layer alone, its names unprefixed
+            arrays = {k if k.startswith("mtp.") else f"mtp.{k}": v for k, v in arrays.items()}
         weights.update({k: v for k, v in arrays.items() if k.startswith("mtp.")})
     if not weights:
-        raise LoadError(f"target {ckpt.path}: config.json says it has an MTP layer, but no weight is under mtp. "
-                        "(mlx-lm's conversions drop them: convert from the original checkpoint keeping mtp.*)")
+        raise LoadError(f"drafter {ckpt.path}: config.json says it has an MTP layer, but no weight is under mtp. "
+                        f"(mlx-lm's conversions drop them). {WHERE_MTP_IS}")
     layer, weights = MTPLayer(args), sanitize(weights)
     quantized_as(layer, weights, ckpt)
     try:
