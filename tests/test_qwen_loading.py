@@ -198,3 +198,16 @@ def test_a_split_mtp_folder_is_the_same_drafter(checkpoints, tmp_path):
     assert engine.generate(PROMPT, max_tokens=24, draft_tokens=3).tokens == expected
     with pytest.raises(LoadError, match="this is an MTP drafter"):
         mlx_spec.load(str(split))
+
+
+def test_sizes_by_name_are_the_4bit_targets_with_their_split_mtp_layers():
+    from mlx_spec.loading import resolve_names
+    from mlx_spec.models import FAMILIES
+
+    for name, size in (("qwen3.6-27b", "Qwen3.6-27B"), ("Qwen3.6-35B-A3B", "Qwen3.6-35B-A3B"), ("qwen3.5-9b", "Qwen3.5-9B"),
+                       ("qwen3.5-4b", "Qwen3.5-4B")):
+        expected = (f"mlx-community/{size}-4bit", f"mlx-community/{size}-MTP-bf16")
+        assert resolve_names(name, "auto") == expected  # by name, any case
+        assert resolve_names(expected[0], "auto") == expected  # and by the target's id
+        assert resolve_names(name, None) == (expected[0], None)
+    assert "qwen3.6-27b" in FAMILIES.size_names and "e2b" in FAMILIES.size_names

@@ -6,7 +6,8 @@ checkpoint: the second family (issue: Qwen).
 - recurrent.py and storage.py: the Gated DeltaNet layers' state, rolled back per row of the
   loop's storage when guesses are rejected (a pass replays what its rows kept of the last one);
 - target.py: the target behind models/protocol.py's `TargetModel`, its batch pass compiled;
-- chat_format.py: thoughts and Qwen3-Coder's XML tool calls; facts.py: the memory it needs.
+- chat_format.py: thoughts and Qwen3-Coder's XML tool calls; facts.py: the memory it needs;
+  sizes.py: the sizes by name (4-bit targets, their MTP layers split into folders of their own).
 
 - mtp.py and drafter.py: the MTP layer, its K/V written by the target's passes (one slot per
   target position, so it trims with them), and its draft steps (drafting/mtp.py drives them).
@@ -20,6 +21,7 @@ from ..registry import Family
 from .chat_format import CHAT_FORMAT
 from .facts import context_of, kv_cache_bytes
 from .loader import DRAFTER_TYPES, TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
+from .sizes import SIZES
 
 FAMILY = Family(
     name="Qwen3.5",
@@ -31,6 +33,7 @@ FAMILY = Family(
     check_pair=check_pair,
     join=join,
     drafter_for=drafter_for,
+    sizes=SIZES,
     kv_cache_bytes=kv_cache_bytes,
     context_of=context_of,
 )
