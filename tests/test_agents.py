@@ -52,7 +52,7 @@ def server(long_trained, checkpoints):
 
 
 def readme_agents() -> str:
-    return (ROOT / "README.md").read_text().split("### Agents", 1)[1].split("\n## ", 1)[0]
+    return (ROOT / "README.md").read_text().split("## Agents", 1)[1].split("\n## ", 1)[0]
 
 
 def readme_block(after: str, language: str) -> str:
