@@ -20,14 +20,32 @@ from mlx_spec.errors import GroupError
 from mlx_spec.options import Options
 
 
+def first_drafts(engine, prompt, g: int = 4) -> list:
+    """The MTP drafter's first g guesses after the prompt, over a sequence's own caches (the
+    drafts, not only the tokens, must be the one process's: a wrong split of the drafter changes
+    no token, only its guesses)."""
+    import mlx.core as mx
+
+    from mlx_spec.drafting import DraftContext
+    from mlx_spec.sampling.settings import SamplingSettings
+
+    target, cache = engine.target, engine.target.make_cache(0)
+    hidden = target.prefill(mx.array([prompt[:-1]]), cache, 64)
+    context = DraftContext(tokens=list(prompt), last_token=mx.array([[prompt[-1]]], mx.int32), hidden=hidden,
+                           kv=target.drafter_buffers(cache), settings=SamplingSettings(), uniforms=mx.zeros((g, 2)))
+    return engine.mtp_drafter.draft(context, g).tokens.tolist()
+
+
 def main(target: str, drafter: str, settings: dict, group) -> None:
     engine = mlx_spec.load(target, drafter, group=group, experts=settings.get("experts", "whole")).with_stop_tokens([])
     prompt, runs = settings["prompt"], settings["runs"]
     out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),
-           "q_rows": engine.target.text_model.layers[0].self_attn.q_proj.weight.shape[0]}
+           "q_rows": next(l for l in engine.target.text_model.layers if hasattr(l, "self_attn")).self_attn.q_proj.weight.shape[0]}
     layer = engine.target.text_model.layers[0]
     if getattr(layer, "enable_moe", False):
         out["experts_held"] = layer.experts.switch_glu.gate_proj.weight.shape[0]
+    if settings.get("drafts"):
+        out["drafts"] = first_drafts(engine, prompt)
     die_after = settings.get("die_after")
     for name, options in runs.items():
         try:

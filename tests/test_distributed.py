@@ -21,6 +21,8 @@ import pytest
 from serving import ENV
 
 import tiny
+import tiny_qwen
+from group_run import first_drafts
 from mlx_spec import LoadError, load
 from mlx_spec.options import Options
 
@@ -160,6 +162,43 @@ def test_two_ranks_give_one_process_s_tokens(checkpoints, family, prompt):
         assert expected["g4"] == expected["off"] == expected["adaptive"], variant
         if "seeded_off" in runs:
             assert expected["seeded"] == expected["seeded_off"]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """Tiny Qwen3.5 checkpoints, dense and MoE, each its own drafter (its MTP layer)."""
+    root = tmp_path_factory.mktemp("qwen-group")
+    return {"dense": tiny_qwen.build(root / "dense"), "moe": tiny_qwen.build(root / "moe", moe=True)}
+
+
+def test_two_ranks_give_one_process_s_qwen_tokens_and_drafts(qwen, prompt):
+    """Qwen3.5 split over two ranks (mlx-lm's shard() for the target, the same code for its MTP
+    layer), dense and MoE: greedy at a fixed length and the adaptive one, MTP off, and seeded
+    sampling at temperature 1, each rank's answer is the one process's, and so are the MTP
+    layer's guesses; each rank holds half the query heads, and rolls its own heads' Gated
+    DeltaNet state back. With a top-p cut, the group's logits (summed in another order than one
+    process's matmul) may put a token on the other side of the cut: there MTP on must give the
+    group's own MTP off answer, on both ranks."""
+    runs = {name: RUNS[name] for name in ("g4", "adaptive", "off", "seeded", "seeded_off")}
+    runs["sampled"] = dict(max_tokens=24, temperature=1.0, seed=11, draft_tokens=3)
+    settings = json.dumps({"prompt": prompt, "runs": runs, "drafts": True})
+    arguments = [str(a) for folder in qwen.values() for a in (folder, folder, settings)]
+    done = launch([sys.executable, str(HERE / "group_run.py"), *arguments], timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    for (kind, folder), ranks in zip(qwen.items(), by_job(lines, len(qwen))):
+        engine = load(str(folder)).with_stop_tokens([])
+        whole = next(l for l in engine.target.text_model.layers if hasattr(l, "self_attn")).self_attn.q_proj
+        expected = {name: engine.generate(prompt, Options(**options)).tokens for name, options in runs.items()}
+        drafts = first_drafts(engine, prompt)
+        for r in ranks:
+            assert 2 * r["q_rows"] == whole.weight.shape[0], kind
+            assert r["drafts"] == drafts, (kind, r["rank"])
+            for name in ("g4", "adaptive", "off", "sampled"):
+                assert r[name] == expected[name], (kind, name, r["rank"])
+            assert r["seeded"] == r["seeded_off"] == ranks[0]["seeded"], (kind, r["rank"])
+        assert expected["g4"] == expected["off"] == expected["adaptive"], kind
+        assert expected["seeded"] == expected["seeded_off"], kind
 
 
 def by_job(lines: list, jobs: int) -> list:
@@ -464,3 +503,16 @@ def test_the_watch_ends_with_its_rank():
     finally:
         hostfile.unlink()
     assert "could not reach the other ranks" not in err, err
+
+
+def test_a_group_that_cannot_split_qwen_is_refused_by_name(qwen):
+    """Before any weight is read: three ranks cannot split the tiny Qwen's four query heads (nor
+    its Gated DeltaNet heads), and its experts are never divided between ranks."""
+    from mlx_spec.models.qwen3_5.tensor_parallel import check_split
+
+    config = json.loads((qwen["moe"] / "config.json").read_text())
+    with pytest.raises(LoadError, match="cannot split its 4 query heads, its 2 Gated DeltaNet key heads"):
+        check_split(config, 3, qwen["moe"])
+    with pytest.raises(LoadError, match="experts stay on every rank"):
+        check_split(config, 2, qwen["moe"], "split")
+    check_split(config, 2, qwen["moe"])  # two ranks split it

@@ -7,7 +7,8 @@ checkpoint: the second family (issue: Qwen).
   loop's storage when guesses are rejected (a pass replays what its rows kept of the last one);
 - target.py: the target behind models/protocol.py's `TargetModel`, its batch pass compiled;
 - chat_format.py: thoughts and Qwen3-Coder's XML tool calls; facts.py: the memory it needs;
-  sizes.py: the sizes by name (4-bit targets, their MTP layers split into folders of their own).
+  sizes.py: the sizes by name (4-bit targets, their MTP layers split into folders of their own);
+- tensor_parallel.py: the target and its MTP layer split over a group of processes.
 
 - mtp.py and drafter.py: the MTP layer, its K/V written by the target's passes (one slot per
   target position, so it trims with them), and its draft steps (drafting/mtp.py drives them).
@@ -22,6 +23,7 @@ from .chat_format import CHAT_FORMAT
 from .facts import context_of, kv_cache_bytes
 from .loader import DRAFTER_TYPES, TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
 from .sizes import SIZES
+from .tensor_parallel import check_split, split_pair
 
 FAMILY = Family(
     name="Qwen3.5",
@@ -36,6 +38,8 @@ FAMILY = Family(
     sizes=SIZES,
     kv_cache_bytes=kv_cache_bytes,
     context_of=context_of,
+    check_split=check_split,
+    split=split_pair,
 )
 
 __all__ = ["FAMILY"]

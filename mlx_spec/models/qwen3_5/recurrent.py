@@ -109,6 +109,8 @@ def run_layer(layer: nn.Module, x: mx.array, window: mx.array, state: mx.array) 
     q, k, v, _ = convolve(layer, window, qkv)
     out, _ = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, state, mx.ones((B, L), dtype=mx.bool_))
     out = layer.out_proj(layer.norm(out, z).reshape(B, L, -1))
+    if getattr(layer, "sharding_group", None) is not None:  # split over a group: each rank's heads' share
+        out = mx.distributed.all_sum(out, group=layer.sharding_group)
     return out, Stash(qkv, a, b)
 
 

@@ -10,6 +10,7 @@ first replays what its row kept of the last pass, then runs this pass's position
 from typing import Dict, Optional, Sequence, Tuple
 
 import mlx.core as mx
+from mlx_lm.models.base import gather_last_axis
 
 from ...media.items import MediaSpan, chunk_bounds
 from ..batch_pass import MAX_POSITIONS, RowsCache
@@ -67,7 +68,9 @@ class Target:
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
             return self.text_model.embed_tokens.as_linear(hidden)
-        return self.lm.lm_head(hidden)
+        out = self.lm.lm_head(hidden)
+        group = getattr(self.lm, "sharding_group", None)  # split over a group: each rank's slice of the vocabulary
+        return out if group is None else gather_last_axis(out, group)
 
     def forward(self, tokens: mx.array, cache: list) -> Tuple[mx.array, mx.array]:
         hidden = self.hidden(tokens, cache)
