@@ -14,12 +14,11 @@ import torch
 
 import tiny_qwen
 from scripted import ScriptedDrafter
-from test_qwen_rows import ANSWER, PROMPTS, alone
+from test_qwen_rows import ANSWER, PROMPTS, alone, read_together
 
 from mlx_spec.decoding.batch import Batch
 from mlx_spec.decoding.decoder import Decoder
 from mlx_spec.decoding.draft_lengths import DraftLengths
-from mlx_spec.decoding.reports import WAITING
 from mlx_spec.decoding.sequence import SequenceState
 from mlx_spec.drafting import DraftContext
 from mlx_spec.drafting.mtp import MTPDrafter
@@ -143,22 +142,13 @@ def test_in_a_batch_each_rows_drafts_are_the_reference_heads_for_its_own_text(qw
     lengths = DraftLengths()
     batch = Batch(qwen.target, lengths)
     prompts = [PROMPTS[0], PROMPTS[2]]  # 21 and 90 tokens: a row is known by its positions
-    readers, outputs = [], [[], []]
+    readers = []
     for prompt in prompts:
         decoder = Decoder(qwen.target, SamplingSettings(), drafter, 3, stop_tokens=[], lengths=lengths)
         state = SequenceState(qwen.target)
         decoder.start(state, prompt)
         readers.append(batch.join(decoder, state, ANSWER))
-    live = [0, 1]
-    while live:
-        for i in list(live):
-            report = next(readers[i], None)
-            if report is None:
-                live.remove(i)
-            elif report is WAITING:
-                batch.step()
-            else:
-                outputs[i].append(report.token)
+    outputs = read_together(batch, readers)
     texts = [p + qwen.answer(p) for p in prompts]
     assert outputs == [qwen.answer(p) for p in prompts]
     checked = 0

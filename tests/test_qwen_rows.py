@@ -62,6 +62,26 @@ def alone(target, prompt, drafter=None, g=None):
     return [r.token for r in dec.generate(state, ANSWER)], dec.stats
 
 
+def read_together(batch, readers, leave=lambda i, out: False) -> list:
+    """Each reader's tokens, read in turn (the batch stepped whenever one waits) until all end;
+    `leave(i, tokens so far)` closes reader i there (it leaves the batch part way)."""
+    outputs, live = [[] for _ in readers], list(range(len(readers)))
+    while live:
+        for i in list(live):
+            if leave(i, outputs[i]):
+                readers[i].close()
+                live.remove(i)
+                continue
+            report = next(readers[i], None)
+            if report is None:
+                live.remove(i)
+            elif report is WAITING:
+                batch.step()
+            else:
+                outputs[i].append(report.token)
+    return outputs
+
+
 @pytest.mark.parametrize("g", [1, 3, 6])
 def test_every_number_of_kept_guesses_gives_transformers_answer(qwen, g):
     target, answer = qwen
@@ -91,7 +111,7 @@ def test_rows_of_a_batch_each_keep_their_own_guesses(qwen):
     lengths = DraftLengths()
     batch = Batch(target, lengths)
     plans = [(None, 3), (0, 5), (1, 4)]
-    states, readers, outputs = [], [], [[] for _ in PROMPTS]
+    states, readers = [], []
     for prompt, (break_at, g) in zip(PROMPTS, plans):
         drafter = ScriptedDrafter(prompt + answer(tuple(prompt)), target.vocab_size, break_at=break_at)
         dec = decoder(target, drafter, g, lengths)
@@ -99,20 +119,8 @@ def test_rows_of_a_batch_each_keep_their_own_guesses(qwen):
         dec.start(state, prompt)
         states.append(state)
         readers.append(batch.join(dec, state, ANSWER))
-    live = list(range(len(readers)))
-    while live:
-        for i in list(live):
-            if i == 1 and len(outputs[1]) >= ANSWER // 2:
-                readers[1].close()  # it leaves: its caches come out of the storage, replayed
-                live.remove(i)
-                continue
-            report = next(readers[i], None)
-            if report is None:
-                live.remove(i)
-            elif report is WAITING:
-                batch.step()
-            else:
-                outputs[i].append(report.token)
+    # Row 1 leaves half way: its caches come out of the storage, replayed.
+    outputs = read_together(batch, readers, leave=lambda i, out: i == 1 and len(out) >= ANSWER // 2)
     for i, prompt in enumerate(PROMPTS):
         expected = answer(tuple(prompt))
         assert outputs[i] == expected[: len(outputs[i])] and len(outputs[i]) >= ANSWER // 2, i

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from training import train
+
 VOCAB = 384
 WINDOW = 12
 HIDDEN = 64
@@ -297,25 +299,9 @@ def build_trained_target(folder: Path, examples, steps: int = 150, seed: int = 0
     from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and others share the machine
     model = Gemma4ForCausalLM(_text_config(initializer_range=0.02))
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
-    batch = []
-    for prompt, continuation in examples:
-        ids = torch.tensor([list(prompt) + list(continuation)])
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100  # learn the answers only
-        batch.append((ids, labels))
-    model.train()
-    try:
-        for _ in range(steps):
-            optimizer.zero_grad()
-            sum(model(input_ids=ids, labels=labels).loss for ids, labels in batch).backward()
-            optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
-    model.eval().save_pretrained(folder)
+    train(model, examples, steps)
+    model.save_pretrained(folder)
     save_tokenizer(folder)
     return Path(folder)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from training import train
+
 VOCAB = 320
 HIDDEN = 64
 DATA = Path(__file__).resolve().parent / "data"
@@ -123,7 +125,7 @@ def build(folder: Path, moe: bool = False, layout: str = "text", seed: int = 0, 
     model = (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(config)
     _randomise(model, seed)
     if examples:
-        _train(model, examples, steps)
+        train(model, examples, steps)
     model.eval().save_pretrained(folder)
     weights = fused_experts(load_file(str(folder / "model.safetensors")))
     if mtp:
@@ -167,29 +169,6 @@ def save_tokenizer(folder: Path, version: str = "3.5") -> Path:
     stops = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
     (Path(folder) / "generation_config.json").write_text(json.dumps({"eos_token_id": stops, "pad_token_id": stops[1]}))
     return Path(folder)
-
-
-def _train(model: torch.nn.Module, examples, steps: int) -> None:
-    """Train until greedy decoding continues each (prompt, continuation) pair of token ids as
-    given: a checkpoint whose model really writes Qwen's tool calls and ends its turns."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and others share the machine
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
-    batch = []
-    for prompt, continuation in examples:
-        ids = torch.tensor([list(prompt) + list(continuation)])
-        labels = ids.clone()
-        labels[0, : len(prompt)] = -100  # learn the answers only
-        batch.append((ids, labels))
-    model.train()
-    try:
-        for _ in range(steps):
-            optimizer.zero_grad()
-            sum(model(input_ids=ids, labels=labels).loss for ids, labels in batch).backward()
-            optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
-    model.eval()
 
 
 def split_mtp(folder: Path, out: Path) -> Path:
