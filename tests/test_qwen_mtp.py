@@ -197,3 +197,45 @@ def test_a_conversation_back_at_its_mark_drafts_as_the_reference(qwen):
     torch.testing.assert_close(qwen.our_first_state(state.tokens, state.cache, state.hidden),
                                qwen.first_state(state.tokens), atol=1e-4, rtol=1e-4)
     assert [r.token for r in decoder.generate(state, ANSWER)] == qwen.answer(edited)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return Qwen(tiny_qwen.build(tmp_path_factory.mktemp("mtp-sampled")), moe=False)
+
+
+def test_guesses_drawn_from_the_mtp_layer_keep_the_target_s_distribution(dense):
+    """1,000 seeded answers of two tokens with the MTP layer drawing its guesses from its own
+    distribution (its sampled step, the min(1, p/q) rule): the first and second tokens follow
+    the target's exact distributions at temperature 0.8, top-k 20 and top-p 0.95 (chi-square, as
+    tests/test_sampling.py's for Gemma 4; the cut keeps the random tiny model's flat
+    distributions to bins a thousand draws can test). The random layer's guesses mostly fall
+    outside the target's cut, so this finds a guess kept or drawn where the rule would not have
+    it (the answers would follow the layer's distribution), not a q slightly off: the rules'
+    own statistics are tests/test_sampling.py's."""
+    import numpy as np
+    from test_sampling import ALPHA, chi_square_p
+
+    from mlx_spec.sampling.distribution import distribution
+
+    target, prompt, vocab = dense.target, PROMPTS[1], dense.target.vocab_size
+
+    def exact(tokens, settings):
+        logits, _ = target.forward(mx.array([tokens]), target.make_cache(0))
+        return np.array(distribution(logits[0, -1], settings).dense(vocab))
+
+    settings = dict(temperature=0.8, top_k=20, top_p=0.95)
+    p0 = exact(prompt, SamplingSettings(**settings))
+    p1 = sum(p0[first] * exact(prompt + [int(first)], SamplingSettings(**settings)) for first in np.nonzero(p0)[0])
+    drafter = MTPDrafter(dense.draft, target, sample=True)
+    answers, drafted = [], 0
+    for seed in range(1000):
+        decoder = Decoder(target, SamplingSettings(**settings, seed=seed), drafter, 2, stop_tokens=[])
+        state = SequenceState(target)
+        decoder.start(state, prompt)
+        answers.append([r.token for r in decoder.generate(state, 2)])
+        drafted += decoder.stats.drafted
+    answers = np.array(answers)
+    assert drafted >= 1000  # every answer's first cycle verified the layer's sampled guesses
+    assert chi_square_p(np.bincount(answers[:, 0], minlength=vocab), p0) > ALPHA
+    assert chi_square_p(np.bincount(answers[:, 1], minlength=vocab), p1) > ALPHA
