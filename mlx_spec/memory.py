@@ -93,7 +93,7 @@ def estimate(target: str, drafter: Optional[str], context: int = DEFAULT_CONTEXT
             weights, kv_cache = int(weights * weight_share), int(kv_cache * cache_share)
     auto, drafter_weights, drafter_config = drafter == AUTO, None, None
     if auto:
-        drafter = _auto_drafter(target, config, registry)
+        drafter = auto_drafter(target, config, registry)
     if drafter is not None:
         drafter_weights, drafter_config = _files_and_config(drafter, registry)
         if drafter_weights is None and not auto:
@@ -109,7 +109,7 @@ def _same_folder(drafter: str, target: str) -> bool:
     return drafter == target or Path(drafter).expanduser().resolve() == Path(target).expanduser().resolve()
 
 
-def _auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:
+def auto_drafter(target: str, config: dict, registry: Registry) -> Optional[str]:
     """The drafter the target's family names for its config, or None."""
     family = registry.family_for_config(config) or registry.default
     try:

@@ -211,3 +211,16 @@ def test_sizes_by_name_are_the_4bit_targets_with_their_split_mtp_layers():
         assert resolve_names(expected[0], "auto") == expected  # and by the target's id
         assert resolve_names(name, None) == (expected[0], None)
     assert "qwen3.6-27b" in FAMILIES.size_names and "e2b" in FAMILIES.size_names
+
+
+def test_a_bench_names_the_drafter_auto_finds_in_a_folder(checkpoints):
+    """`mlx-spec bench --model FOLDER` with drafter auto: its header names the drafter the
+    family finds there (Qwen's: the target's own folder) and its files, not "auto"."""
+    from types import SimpleNamespace
+
+    from mlx_spec.bench.models import describe_models
+
+    text = checkpoints[0]
+    described = describe_models(SimpleNamespace(random_weights=False, model=str(text), drafter="auto", shape=None))
+    assert described["drafter"] == str(text)
+    assert [e["file"] for e in described["files"]["drafter"]] == ["model.safetensors", "config.json"]

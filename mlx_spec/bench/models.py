@@ -3,6 +3,8 @@ does), or random weights in a real size's shapes (`--random-weights --shape ...`
 the 4-bit conversions and built layer by layer so memory stays near the final size; `small` is
 a scaled-down Gemma 4 of the same structure for machines where MLX runs on the CPU."""
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
@@ -149,9 +151,13 @@ def describe_models(args) -> dict:
     if args.random_weights:
         return {"target": f"random weights, {args.shape} shape", "drafter": f"random weights, {args.shape} shape"}
     from ..loading import resolve_names
+    from ..memory import AUTO, auto_drafter, read_config
     from .files import fingerprint
 
     target, drafter = resolve_names(args.model or "e2b", args.drafter)
+    if drafter == AUTO:  # a folder or hub id not known by name: the drafter its family names for it
+        config = read_config(Path(target).expanduser() / "config.json")
+        drafter = auto_drafter(target, config, FAMILIES) if config is not None else None
     return {"target": target, "drafter": drafter or "none", "files": fingerprint(target, drafter)}
 
 
