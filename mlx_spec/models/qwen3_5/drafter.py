@@ -64,11 +64,8 @@ class MTPDraft:
         mine = (slots == index)[None, None, :, None]
         own_keys = mx.where(mine, keys.astype(own_keys.dtype), own_keys)
         own_values = mx.where(mine, values.astype(own_values.dtype), own_values)
-        mask = mx.concatenate([mx.broadcast_to(cache_mask, (B, 1, 1, cache_mask.shape[-1])),
-                               mx.broadcast_to((slots <= index)[None, None, None], (B, 1, 1, slots.shape[0]))], axis=-1)
-        out = mx.fast.scaled_dot_product_attention(
-            queries, mx.concatenate([cache_keys, own_keys], axis=2), mx.concatenate([cache_values, own_values], axis=2),
-            scale=attention.scale, mask=mask)
+        out = _attend(queries * attention.scale, (cache_keys, cache_values, cache_mask),
+                      (own_keys, own_values, (slots <= index)[None, None, None]))
         out = attention.o_proj(out.transpose(0, 2, 1, 3).reshape(B, 1, -1) * mx.sigmoid(gate.reshape(B, 1, -1)))
         h = x + out
         h = self.layer.norm(h + layer.mlp(layer.post_attention_layernorm(h)))
@@ -79,3 +76,21 @@ class MTPDraft:
 
     def full_logits(self, h: mx.array) -> mx.array:
         return self.target.logits(h)
+
+
+def _attend(queries: mx.array, *parts: Tuple[mx.array, mx.array, mx.array]) -> mx.array:
+    """One query per row [B, Hq, 1, D] (scaled) over several K/V buffers [B, Hkv, n, D], each
+    with its mask of the slots read ([B or 1, 1, 1, n]), as one softmax over all of them. The
+    cache's buffer is read where it is: joined to the round's own K/V it would be copied whole
+    at every draft step."""
+    B, heads, _, D = queries.shape
+    kv_heads = parts[0][0].shape[1]
+    grouped = queries.reshape(B, kv_heads, heads // kv_heads, D)  # the query heads each K/V head serves
+    scores = [mx.where(mask, (grouped @ keys.swapaxes(-1, -2)).astype(mx.float32), -mx.inf) for keys, _, mask in parts]
+    weights = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1)
+    out, start = 0, 0
+    for (_, values, _), part in zip(parts, scores):
+        n = part.shape[-1]
+        out = out + weights[..., start:start + n].astype(values.dtype) @ values
+        start += n
+    return out.reshape(B, heads, 1, D)

@@ -86,7 +86,7 @@ def drafter_for(ckpt: Checkpoint) -> Optional[str]:
     if not has_mtp_weights(ckpt.path):
         warnings.warn(f"{ckpt.path}: config.json says it has an MTP layer, but its weights hold none (mlx-lm's "
                       "conversions drop them): it drafts by prompt lookup alone. Convert from the original "
-                      "checkpoint keeping mtp.* to draft with its MTP layer.", stacklevel=2)
+                      "checkpoint keeping mtp.* to draft with its MTP layer.")  # (said once: the memory check asks too)
         return None
     return str(ckpt.path)
 

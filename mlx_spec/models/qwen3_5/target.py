@@ -131,7 +131,7 @@ class Target:
             stashes = [Stash(*recurrent[2 * r + 3 * i : 2 * r + 3 * i + 3]) for i in range(r)]
             rows = [RowsCache(kv[2 * i], kv[2 * i + 1], offsets, None, None) for i in range(attention_layers)]
             kept = offsets - began
-            x = self.text_model.embed_tokens(tokens)
+            x = embedded = self.text_model.embed_tokens(tokens)
             mask = rows[0].make_mask(tokens.shape[1]) if rows else None
             new_windows, new_states, new_stashes = [], [], []
             attention, linear = iter(rows), iter(range(r))
@@ -152,7 +152,7 @@ class Target:
             if mtp:  # the MTP layer's K/V of the pairs this pass completes, in its rows (last)
                 incoming = mx.take_along_axis(before, kept[:, None, None], axis=1)
                 pairs = mx.concatenate([incoming, hidden[:, :-1]], axis=1)
-                rows[-1].update_and_fetch(*pair_keys_values(self.mtp, self.embed(tokens), pairs, offsets - 1))
+                rows[-1].update_and_fetch(*pair_keys_values(self.mtp, embedded, pairs, offsets - 1))
                 new_stashes.append(mx.concatenate([incoming, hidden], axis=1))
             return [*out, *(b for c in rows for b in (c.keys, c.values)), *new_windows, *new_states, *new_stashes]
 
