@@ -36,11 +36,22 @@ def first_drafts(engine, prompt, g: int = 4) -> list:
     return engine.mtp_drafter.draft(context, g).tokens.tolist()
 
 
+def held_bytes(engine) -> int:
+    """Bytes of the weights this process holds: the target's and a drafter's of its own."""
+    from mlx.utils import tree_flatten
+
+    parts = [engine.target.model.parameters()]
+    if engine.pair.assistant is not None:
+        parts.append(engine.pair.assistant.parameters())
+    return sum(v.nbytes for part in parts for _, v in tree_flatten(part))
+
+
 def main(target: str, drafter: str, settings: dict, group) -> None:
     engine = mlx_spec.load(target, drafter, group=group, experts=settings.get("experts", "whole")).with_stop_tokens([])
     prompt, runs = settings["prompt"], settings["runs"]
     out = {"rank": group.rank(), "size": group.size(), "group": engine.lockstep.describe(),
            "q_rows": next(l for l in engine.target.text_model.layers if hasattr(l, "self_attn")).self_attn.q_proj.weight.shape[0]}
+    out["weight_bytes"] = held_bytes(engine)
     layer = engine.target.text_model.layers[0]
     if getattr(layer, "enable_moe", False):
         out["experts_held"] = layer.experts.switch_glu.gate_proj.weight.shape[0]

@@ -22,8 +22,9 @@ from serving import ENV
 
 import tiny
 import tiny_qwen
-from group_run import first_drafts
+from group_run import first_drafts, held_bytes
 from mlx_spec import LoadError, load
+from mlx_spec.models.qwen3_5.tensor_parallel import rank_share
 from mlx_spec.options import Options
 
 HERE = Path(__file__).parent
@@ -191,7 +192,10 @@ def test_two_ranks_give_one_process_s_qwen_tokens_and_drafts(qwen, prompt):
         whole = next(l for l in engine.target.text_model.layers if hasattr(l, "self_attn")).self_attn.q_proj
         expected = {name: engine.generate(prompt, Options(**options)).tokens for name, options in runs.items()}
         drafts = first_drafts(engine, prompt)
+        # the memory check's share of the weights is what a rank holds (to the norms and biases it leaves out)
+        share = rank_share(json.loads((folder / "config.json").read_text()), 2)[0]
         for r in ranks:
+            assert r["weight_bytes"] == pytest.approx(share * held_bytes(engine), rel=0.02), kind
             assert 2 * r["q_rows"] == whole.weight.shape[0], kind
             assert r["drafts"] == drafts, (kind, r["rank"])
             for name in ("g4", "adaptive", "off", "sampled"):

@@ -23,7 +23,7 @@ from .chat_format import CHAT_FORMAT
 from .facts import context_of, kv_cache_bytes
 from .loader import DRAFTER_TYPES, TARGET_TYPES, check_pair, drafter_for, drafter_from, join, load_target
 from .sizes import SIZES
-from .tensor_parallel import check_split, split_pair
+from .tensor_parallel import check_split, rank_share, split_pair
 
 FAMILY = Family(
     name="Qwen3.5",
@@ -40,6 +40,7 @@ FAMILY = Family(
     context_of=context_of,
     check_split=check_split,
     split=split_pair,
+    rank_share=rank_share,
 )
 
 __all__ = ["FAMILY"]

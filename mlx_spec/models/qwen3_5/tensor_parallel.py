@@ -11,12 +11,13 @@ rollback stays exact per rank (tests/test_distributed.py).
 """
 
 from types import SimpleNamespace
-from typing import List
+from typing import List, Tuple
 
 import mlx.core as mx
 
 from ...errors import LoadError
-from .loader import text_config
+from .facts import full_attention_layers, kv_cache_bytes
+from .loader import mtp_layers_of, text_config
 
 
 def split_problems(config: dict, size: int) -> List[str]:
@@ -62,3 +63,40 @@ def split_pair(target, draft, group: mx.distributed.Group, experts: str = "whole
         alone = SimpleNamespace(layers=draft.layer.layers,
                                 language_model=SimpleNamespace(args=SimpleNamespace(tie_word_embeddings=True)))
         qwen3_5.Model.shard(alone, group)
+
+
+def rank_share(config: dict, size: int, experts: str = "whole", context: int = 8192,
+               sliding_slack: int = 0) -> Tuple[float, float]:
+    """(weights, caches): the share of the whole that one rank of `size` holds, as `shard()`
+    splits it. Split over the group: every projection of the Gated DeltaNet layers (and their
+    convolution), the query and output heads, each MLP's and expert's inner width, and an untied
+    head's vocabulary; the K/V heads by those a rank keeps (a head shared by ranks is whole on
+    each); the embedding, the MTP layer's fc and every router whole. Caches: a rank's K/V heads
+    and its share of the recurrent states. The memory check scales the files and caches by them."""
+    text = text_config(config)
+    width, heads = text["hidden_size"], text["num_attention_heads"]
+    head_dim = text.get("head_dim") or width // heads
+    kv = text["num_key_value_heads"]
+    kept = kv // size if kv % size == 0 else 1
+    key_dim = text.get("linear_key_head_dim", 128) * text.get("linear_num_key_heads", 16)
+    value_heads = text.get("linear_num_value_heads", 32)
+    value_dim = value_heads * text.get("linear_value_head_dim", 128)
+    kernel = text.get("linear_conv_kernel_dim", 4)
+    full, mtp = full_attention_layers(text), mtp_layers_of(text)
+    linear = text["num_hidden_layers"] - full
+    experts_count = text.get("num_experts") or 0
+    mlp = 3 * width * (text.get("intermediate_size") or 0) if not experts_count else 3 * width * (
+        experts_count * text.get("moe_intermediate_size", 0) + text.get("shared_expert_intermediate_size", 0))
+    router = width * (experts_count + 1) if experts_count else 0
+    vocab = text.get("vocab_size") or 0
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    split = (linear * (width * (2 * key_dim + 3 * value_dim + 2 * value_heads) + (2 * key_dim + value_dim) * kernel)
+             + (full + mtp) * 3 * width * heads * head_dim + (linear + full + mtp) * mlp + (0 if tied else vocab * width))
+    whole = vocab * width + (linear + full + mtp) * router + mtp * 2 * width * width
+    total = split + whole + (full + mtp) * 2 * kv * head_dim * width
+    per_rank = split / size + whole + (full + mtp) * 2 * kept * head_dim * width
+    rank_text = dict(text, num_key_value_heads=kept, linear_num_key_heads=text.get("linear_num_key_heads", 16) // size,
+                     linear_num_value_heads=value_heads // size)
+    whole_cache = kv_cache_bytes(text, context, sliding_slack) or 0
+    rank_cache = kv_cache_bytes(rank_text, context, sliding_slack) or 0
+    return per_rank / total, (rank_cache / whole_cache if whole_cache else 1.0)
