@@ -18,7 +18,7 @@ from ..loading import AUTO
 from .blas import blas_library, matmul_gflops
 from .checks import at_least, not_a_file
 
-SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small"]
+SHAPES = ["e2b", "e4b", "26b-a4b", "31b", "12b", "small", "qwen3.5-0.8b", "qwen3.6-27b", "qwen3.6-35b-a3b"]
 # Memory bandwidth of Apple chips in GB/s (docs/design.md, section 5).
 APPLE_BANDWIDTH = {"M1": 68, "M2": 100, "M3": 100, "M4": 120, "M5": 153, "M5 Pro": 307, "M5 Max": 614}
 

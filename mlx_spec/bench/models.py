@@ -64,6 +64,10 @@ def build_engine(args, group=None) -> Engine:
     if not args.random_weights:
         return load(args.model or "e2b", args.drafter, group=group)
     mx.random.seed(0)
+    if args.shape.startswith("qwen"):
+        from .random_qwen import random_qwen
+
+        return random_qwen(args.shape, group=group)
     ordered = True
     if args.shape == "e2b":
         target_shape, drafter_shape = E2B, E2B_ASSISTANT
