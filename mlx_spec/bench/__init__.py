@@ -3,11 +3,13 @@
 Each table is a module with `main(argv)`: `positions` (the 1-vs-N-position cost), `acceptance`
 (guesses kept per kind of content, mlx-lm beside), `draft-length` (tok/s by g with the cost
 model's prediction), `controlled` (the loop's own cost at set acceptances), `overhead` (the
-host's cost of building a cycle), `media` (an image in the prompt: first token, encoder, MTP) and
-`batch` (several requests at once, mlx-lm's BatchGenerator beside) and `group` (the target split
-over processes with mlx.launch, and a cost model for Macs over Thunderbolt). `run` writes a table's JSON and markdown into the results
-folder and (re)draws the report there; `run_all` runs every table (`--skip A,B` leaves some
-out) into one folder and ends with a block to paste into an issue.
+host's cost of building a cycle), `media` (an image in the prompt: first token, encoder, MTP),
+`batch` (several requests at once, mlx-lm's BatchGenerator beside), `group` (the target split
+over processes with mlx.launch, and a cost model for Macs over Thunderbolt) and `rollback` (a
+Gated DeltaNet layer's rollback: replay against a state kept per position). `run` writes a
+table's JSON and markdown into the results folder and (re)draws the report there; `run_all`
+runs every table (`--skip A,B` leaves some out) into one folder and ends with a block to paste
+into an issue.
 """
 
 import contextlib
@@ -24,7 +26,8 @@ from . import report
 from .common import TableSkipped, results_folder
 
 TABLES = {"positions": "positions", "acceptance": "acceptance", "draft-length": "draft_length",
-          "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch", "group": "group"}
+          "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch", "group": "group",
+          "rollback": "rollback"}
 # The options every table takes: what `all` passes to each; and those `all` passes to the tables
 # that have them only.
 SHARED = {"--model": 1, "--drafter": 1, "--random-weights": 0, "--shape": 1, "--repeats": 1, "--quick": 0, "--out": 1}
@@ -109,6 +112,7 @@ def run_all(argv: Sequence[str]) -> Path:
             missing[table], stopped = Missing("stopped", "Ctrl-C while it ran"), True
             break
     folder = folder_of(argv)
+    folder.mkdir(parents=True, exist_ok=True)  # (where every table was skipped, none made it)
     _draw(folder, missing)
     print("\n" + summary(folder, [t for t in tables if t not in missing], missing))
     failed = {table: why for table, why in missing.items() if why.kind == "failed"}

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group"]
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group", "rollback"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -266,5 +266,21 @@ def _group(data: dict) -> list:
     return [("Gemma 4 31B bf16 split over Macs on Thunderbolt 5 (predicted)", predicted)]
 
 
+def _rollback(data: dict) -> list:
+    def draw(ax):
+        entries = data["by_rows_positions"]
+        for rows in sorted({e["rows"] for e in entries}):
+            mine = [e for e in entries if e["rows"] == rows]
+            ax.plot([e["positions"] for e in mine], [e["per_position_ms"] / e["replay_ms"] for e in mine], marker="o",
+                    label=f"{rows} rows")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xlabel("positions of a pass")
+        ax.set_ylabel("per-position states / replay (time)")
+        ax.legend()
+
+    return [(f"Rolling back a Gated DeltaNet layer of {data['layer']}", draw)]
+
+
 FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
-           "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch, "group": _group}
+           "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch, "group": _group,
+           "rollback": _rollback}
