@@ -64,6 +64,14 @@ class RowsCache:
         return visible[:, None]  # [B, 1, N, C]
 
 
+def check_rows(tokens: mx.array, caches) -> None:
+    """A ValueError where a batch pass's tokens [B, L] do not fit its storage: a row per sequence
+    and at most MAX_POSITIONS positions (every family's pass checks this first)."""
+    if tokens.shape[0] != len(caches) or tokens.shape[1] > MAX_POSITIONS:
+        raise ValueError(f"a batch pass takes one row per sequence and at most {MAX_POSITIONS} positions, "
+                         f"got {tokens.shape} for {len(caches)} rows")
+
+
 class BatchPass:
     """`target(tokens, rows)` for a batch, compiled. The target gives `hidden(tokens, cache)`,
     `logits(hidden)` and its weights as `model`."""

@@ -14,7 +14,7 @@ from mlx_lm.models.gemma4_text import logit_softcap
 
 from ...media.items import MediaSpan, chunk_bounds, inside
 from ..batch_cache import BatchCaches, held_positions, sliding_windows
-from ..batch_pass import MAX_POSITIONS, BatchPass
+from ..batch_pass import BatchPass, check_rows
 from ..cache import FullCache, SlidingWindowCache
 from ..protocol import SharedKV
 from ..traces import TraceCache
@@ -94,9 +94,7 @@ class Target:
     def forward_batch(self, tokens: mx.array, caches: BatchCaches, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """(logits, hidden) of every row's tokens [B, L], each row at its own offset (compiled;
         `offsets`: on the device, for a step built ahead)."""
-        if tokens.shape[0] != len(caches) or tokens.shape[1] > MAX_POSITIONS:
-            raise ValueError(f"a batch pass takes one row per sequence and at most {MAX_POSITIONS} positions, "
-                             f"got {tokens.shape} for {len(caches)} rows")
+        check_rows(tokens, caches)
         return self._batch_pass(tokens, caches, offsets)
 
     def batch_drafter_buffers(self, caches: BatchCaches, end: Optional[mx.array] = None) -> Dict[str, SharedKV]:

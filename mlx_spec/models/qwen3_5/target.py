@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
 
 from ...media.items import MediaSpan, chunk_bounds
-from ..batch_pass import MAX_POSITIONS, RowsCache
+from ..batch_pass import RowsCache, check_rows
 from ..cache import FullCache
 from ..traces import TraceCache, shapes_of
 from ..protocol import SharedKV
@@ -98,9 +98,7 @@ class Target:
 
     def forward_batch(self, tokens: mx.array, caches: HybridCaches, offsets: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
         """(logits, hidden) of every row's tokens [B, L], each row at its own offset, compiled."""
-        if tokens.shape[0] != len(caches) or tokens.shape[1] > MAX_POSITIONS:
-            raise ValueError(f"a batch pass takes one row per sequence and at most {MAX_POSITIONS} positions, "
-                             f"got {tokens.shape} for {len(caches)} rows")
+        check_rows(tokens, caches)
         n = tokens.shape[1]
         caches.reserve(n)
         if not self._weights_ready:
