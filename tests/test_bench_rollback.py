@@ -2,8 +2,6 @@
 position, on a tiny Qwen3.5 folder; and the per-position way it times leaves the states the
 replay leaves (the two columns time the same result)."""
 
-import json
-
 import mlx.core as mx
 import pytest
 
