@@ -19,9 +19,10 @@ def test_rollback_table_on_a_qwen_folder(qwen_folder, tmp_path):
     assert [(e["rows"], e["positions"]) for e in data["by_rows_positions"]] == [(1, 2), (1, 4), (4, 2), (4, 4)]
     for entry in data["by_rows_positions"]:
         assert entry["replay_ms"] > 0 and entry["per_position_ms"] > 0
-        # 16 x 16 float32 per value head, four heads: a state is 4 KiB; a position's inputs 272 bytes
-        assert entry["per_position_bytes"] == entry["positions"] * 4096
-        assert entry["replay_bytes"] == 4096 + entry["positions"] * 272
+        # 16 x 16 float32 per value head, four heads: a state is 4 KiB; a position's inputs 272
+        # bytes; the convolution's window 3 x 128 bfloat16
+        assert entry["per_position_bytes"] == entry["positions"] * 4096 + 768
+        assert entry["replay_bytes"] == 4096 + 768 + entry["positions"] * 272
     assert "per-position / replay" in stdout and data["layer"] == str(qwen_folder)
 
 
@@ -29,7 +30,7 @@ def test_rollback_table_skips_a_model_without_gated_deltanet_layers(tmp_path, ch
     proc = mlx_spec_bench("all", "--model", str(checkpoints["text"]), "--quick", "--skip",
                           "positions,acceptance,draft-length,controlled,overhead,media,batch,group",
                           "--out", str(tmp_path / "all"), cwd=tmp_path)
-    assert "is not a Qwen3.5 folder here" in proc.stdout + proc.stderr
+    assert "rollback skipped" in proc.stderr and "has no Gated DeltaNet layers" in proc.stderr
 
 
 @pytest.mark.parametrize("kept", [[0, 3], [1, 2]])
@@ -52,3 +53,17 @@ def test_the_state_taken_per_position_is_the_replayed_one(qwen_folder, kept):
     keep = layer.conv_kernel_size - 1
     window_taken = mx.take_along_axis(conv_input, (rows[:, None] + mx.arange(keep)[None])[..., None], axis=1)
     assert mx.array_equal(window_taken, want_window).item()
+
+
+def test_rollback_table_names_a_missing_folder_or_a_broken_config(tmp_path):
+    import subprocess
+
+    from test_bench import MLX_SPEC, WITHOUT_TORCH_ENV
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for model, said in ((str(tmp_path / "nowhere"), "no such folder"), (str(broken), "not a readable config.json")):
+        proc = subprocess.run([str(MLX_SPEC), "bench", "rollback", "--model", model, "--out", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120, env=WITHOUT_TORCH_ENV)
+        assert proc.returncode != 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-800:]

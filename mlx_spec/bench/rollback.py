@@ -13,12 +13,14 @@ On the CPU both run mlx-lm's recurrence one position at a time; on a Mac its Met
 the final state only, so keeping every position's would need a kernel of our own.
 """
 
+import copy
 import json
 from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, gated_delta_update
 
+from ..errors import SettingsError
 from ..models.qwen3_5.recurrent import Stash, convolve, empty_state, replay
 from ..models.qwen3_5.shapes import SHAPES
 from .checks import whole_numbers
@@ -36,8 +38,11 @@ def main(argv=None):
     name, text = layer_config(args)
     layer = gated_deltanet(text)
     info = machine()
-    results = {"machine": info, "layer": name, "by_rows_positions": []}
-    print(header("Rolling back a Gated DeltaNet layer", info, {"layer": name, "repeats": args.repeats}))
+    # (like for like on the CPU only: on a Mac the replay runs mlx-lm's kernel, the other way ops)
+    paths = ("mlx-lm's Metal kernel (replay) against its ops, one position at a time (per position)"
+             if mx.metal.is_available() else "mlx-lm's ops, one position at a time (both)")
+    results = {"machine": info, "layer": name, "recurrence": paths, "by_rows_positions": []}
+    print(header("Rolling back a Gated DeltaNet layer", info, {"layer": name, "recurrence": paths, "repeats": args.repeats}))
     rows = []
     for batch in args.rows:
         for positions in args.positions:
@@ -57,17 +62,33 @@ def main(argv=None):
 
 def layer_config(args) -> tuple:
     """(the layer's name, its text config): --model's (a Qwen folder, or a size with a shape),
-    --shape's, or the default. A model without Gated DeltaNet layers skips the table."""
+    --shape's, or the default. A model that is not a Qwen folder here skips the table (`bench
+    all` runs it beside every model); a folder that is not there, or whose config.json is not
+    JSON, is a SettingsError naming it."""
     if args.model and args.model not in SHAPES:
-        file = Path(args.model).expanduser() / "config.json"
-        config = json.loads(file.read_text()) if file.is_file() else {}
-        text = config.get("text_config", config)
-        if not str(text.get("model_type", "")).startswith("qwen3_5"):
+        folder = Path(args.model).expanduser()
+        if not folder.is_dir():
+            if folder.is_absolute() or args.model.startswith((".", "~")):
+                raise SettingsError(f"rollback: --model {args.model}: no such folder")
             raise TableSkipped(f"rollback: {args.model} is not a Qwen3.5 folder here (the table measures a Gated "
                                "DeltaNet layer: give a Qwen folder, or --shape qwen3.6-27b)")
+        config = _config(folder / "config.json")
+        text = config.get("text_config", config)
+        if not isinstance(text, dict) or not str(text.get("model_type", "")).startswith("qwen3_5"):
+            raise TableSkipped(f"rollback: {args.model} is not a Qwen3.5 model: it has no Gated DeltaNet layers")
         return args.model, text
     name = args.model or (args.shape if args.shape in SHAPES else DEFAULT_SHAPE)
-    return name, SHAPES[name]
+    return name, copy.deepcopy(SHAPES[name])
+
+
+def _config(file: Path) -> dict:
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"rollback: {file}: not a readable config.json ({e})") from None
+    if not isinstance(config, dict):
+        raise SettingsError(f"rollback: {file}: a config.json holds an object, not {type(config).__name__}")
+    return config
 
 
 def gated_deltanet(text: dict):
@@ -105,10 +126,10 @@ def measure(layer, batch: int, positions: int, repeats: int) -> dict:
     for _ in range(3):  # interleaved: the machine's drift falls on both
         timed["replay_ms"].append(median_ms(ours, repeats))
         timed["per_position_ms"].append(median_ms(per_position, repeats))
-    one_state = state[:1].nbytes
+    one_state, one_window = state[:1].nbytes, window[:1].nbytes  # (each way keeps a window too)
     stash = positions * (layer.conv_dim + 2 * layer.num_v_heads) * 2
     return {"rows": batch, "positions": positions, **{k: sorted(v)[1] for k, v in timed.items()},
-            "replay_bytes": one_state + stash, "per_position_bytes": positions * one_state}
+            "replay_bytes": one_state + one_window + stash, "per_position_bytes": positions * one_state + one_window}
 
 
 def run_keeping_states(layer, qkv: mx.array, a: mx.array, b: mx.array, window: mx.array, state: mx.array):
