@@ -147,7 +147,10 @@ def test_a_chat_answer_is_transformers_greedy_answer(engine, folder, drafter):
 def test_the_memory_check_counts_what_the_caches_hold(engine, folder):
     """kv_cache_bytes: the full-attention layers' and the MTP layer's K/V at the context, plus
     the Gated DeltaNet state, read against what a prefill of that many positions leaves in the
-    caches."""
+    caches; and what a row of the loop keeps beside them to roll those back, read against the
+    storage after the longest pass it takes."""
+    from mlx_spec.models.batch_pass import MAX_POSITIONS
+
     config = json.loads((folder / "config.json").read_text())
     target, context = engine.pair.target, 64
     cache = target.make_cache(0)
@@ -156,4 +159,8 @@ def test_the_memory_check_counts_what_the_caches_hold(engine, folder):
     held = sum(c.keys[..., :context, :].nbytes + c.values[..., :context, :].nbytes for c in attention)
     held += sum(a.nbytes for c in cache if not hasattr(c, "keys") for a in c.cache)
     assert isinstance(cache[-1], MTPCache) and len(attention) == 3  # two full-attention layers and the MTP's
-    assert kv_cache_bytes(config, context, 0) == held
+    storage = target.batch_caches(0, MAX_POSITIONS)
+    storage.add(cache)
+    target.forward_batch(mx.array([[6] * MAX_POSITIONS]), storage)
+    rollback = sum(part.nbytes for stash in storage.stashes for part in stash) + storage.before.nbytes
+    assert kv_cache_bytes(config, context, 0) == held + rollback

@@ -16,6 +16,7 @@ from ..loading import load
 from ..models.gemma4.assistant import Assistant, AssistantConfig
 from ..models.gemma4.sizes import SIZES
 from ..models.gemma4.target import Target
+from .random_tables import random_embedding
 
 ROPE = {
     "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
@@ -130,24 +131,6 @@ def settle(module: nn.Module, bits, group_size: int) -> None:
                     class_predicate=lambda p, m: hasattr(m, "to_quantized") and not isinstance(m, nn.Embedding)
                     and m.weight.shape[-1] % group_size == 0)
     mx.eval(module.parameters())
-
-
-def random_embedding(rows: int, dims: int, bits, group_size: int, chunk: int = 8192) -> nn.Module:
-    """A random (quantized) embedding table made in row chunks."""
-    if not bits:
-        embedding = nn.Embedding(rows, dims)
-        embedding.weight = (mx.random.normal((rows, dims)) * 0.02).astype(mx.bfloat16)
-        mx.eval(embedding.weight)
-        return embedding
-    parts = []
-    for start in range(0, rows, chunk):
-        w = (mx.random.normal((min(chunk, rows - start), dims)) * 0.02).astype(mx.bfloat16)
-        parts.append(mx.quantize(w, group_size=group_size, bits=bits))
-        mx.eval(parts[-1])
-    embedding = nn.QuantizedEmbedding(rows, dims, group_size=group_size, bits=bits)
-    embedding.weight, embedding.scales, embedding.biases = (mx.concatenate([p[i] for p in parts]) for i in range(3))
-    mx.eval(embedding.parameters())
-    return embedding
 
 
 def describe_models(args) -> dict:

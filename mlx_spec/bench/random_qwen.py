@@ -15,7 +15,7 @@ from ..models.qwen3_5.drafter import MTPDraft
 from ..models.qwen3_5.mtp import MTPLayer
 from ..models.qwen3_5.shapes import SHAPES
 from ..models.qwen3_5.target import Target
-from .models import random_embedding
+from .random_tables import random_embedding
 
 GROUP_SIZE = 64
 

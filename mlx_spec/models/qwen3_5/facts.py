@@ -4,6 +4,7 @@ state, which is the same at any context."""
 
 from typing import Any, Mapping, Optional
 
+from ..batch_pass import MAX_POSITIONS
 from .loader import mtp_layers_of, text_config
 
 DEFAULT_FULL_EVERY = 4  # mlx-lm's and transformers' default full_attention_interval
@@ -26,9 +27,12 @@ def context_of(config: Mapping[str, Any]) -> Optional[int]:
 
 def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) -> Optional[int]:
     """Bytes of a target's caches at `context` tokens: keys and values of every full-attention
-    layer and of the MTP layer over the whole context, and each Gated DeltaNet layer's
-    convolution window and state (float32, as mlx-lm keeps the state). No layer slides, so
-    `sliding_slack` counts nothing. None where the config does not say enough."""
+    layer and of the MTP layer over the whole context, each Gated DeltaNet layer's convolution
+    window and state (float32, as mlx-lm keeps the state), and what a row of the loop keeps to
+    roll those back (models/qwen3_5/storage.py): the inputs of its longest pass (MAX_POSITIONS,
+    at most) to every such layer, and, with an MTP layer, the target's hidden states of that
+    pass. No layer slides, so `sliding_slack` counts nothing.
+    None where the config does not say enough."""
     text = text_config(dict(config))
     needed = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
     if not all(isinstance(text.get(k), int) for k in needed):
@@ -41,6 +45,10 @@ def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) 
     linear = text["num_hidden_layers"] - full_attention_layers(text)
     key_dim = text.get("linear_key_head_dim", 128) * text.get("linear_num_key_heads", 16)
     value_heads, value_dim = text.get("linear_num_value_heads", 32), text.get("linear_value_head_dim", 128)
-    conv = (text.get("linear_conv_kernel_dim", 4) - 1) * (2 * key_dim + value_heads * value_dim) * item
+    conv_dim = 2 * key_dim + value_heads * value_dim
+    conv = (text.get("linear_conv_kernel_dim", 4) - 1) * conv_dim * item
     state = value_heads * value_dim * text.get("linear_key_head_dim", 128) * 4
-    return kv + linear * (conv + state)
+    longest = MAX_POSITIONS
+    stash = longest * (conv_dim + 2 * value_heads) * item
+    hidden = (longest + 1) * text["hidden_size"] * item if mtp_layers_of(text) else 0
+    return kv + linear * (conv + state + stash) + hidden
