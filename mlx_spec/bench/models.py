@@ -6,7 +6,6 @@ a scaled-down Gemma 4 of the same structure for machines where MLX runs on the C
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from ..decoding.lockstep import Lockstep
@@ -16,7 +15,7 @@ from ..loading import load
 from ..models.gemma4.assistant import Assistant, AssistantConfig
 from ..models.gemma4.sizes import SIZES
 from ..models.gemma4.target import Target
-from .random_tables import random_embedding
+from .random_tables import random_embedding, settle
 
 ROPE = {
     "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
@@ -120,17 +119,6 @@ def random_drafter(shape: dict, backbone: int, bits=None, ordered: bool = True) 
     settle(assistant, bits, 64)
     assistant.eval()
     return assistant
-
-
-def settle(module: nn.Module, bits, group_size: int) -> None:
-    """Cast to bfloat16, quantize if asked, and materialise this piece now."""
-    module.set_dtype(mx.bfloat16)
-    if bits:
-        # Linear layers and the experts' stacked ones (SwitchLinear), as mlx-lm's conversions do.
-        nn.quantize(module, group_size=group_size, bits=bits,
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and not isinstance(m, nn.Embedding)
-                    and m.weight.shape[-1] % group_size == 0)
-    mx.eval(module.parameters())
 
 
 def describe_models(args) -> dict:

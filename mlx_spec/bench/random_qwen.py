@@ -15,9 +15,10 @@ from ..models.qwen3_5.drafter import MTPDraft
 from ..models.qwen3_5.mtp import MTPLayer
 from ..models.qwen3_5.shapes import SHAPES
 from ..models.qwen3_5.target import Target
-from .random_tables import random_embedding
+from .random_tables import random_embedding, settle
 
 GROUP_SIZE = 64
+ROUTERS_BITS = 8  # as mlx-lm converts a Qwen3.5 mixture (its quant_predicate)
 
 
 def random_qwen(name: str, bits=4, group=None) -> Engine:
@@ -31,13 +32,13 @@ def random_qwen(name: str, bits=4, group=None) -> Engine:
     lm, args = model.language_model, model.language_model.args
     lm.model.embed_tokens = random_embedding(args.vocab_size, args.hidden_size, bits, GROUP_SIZE)
     for layer in lm.model.layers:
-        settle(layer, bits)
-    settle(lm.model.norm, bits)
+        settle(layer, bits, GROUP_SIZE, ROUTERS_BITS)
+    settle(lm.model.norm, bits, GROUP_SIZE)
     if not args.tie_word_embeddings:  # (made in row chunks, as the embedding: never whole in float32)
         lm.lm_head = quantized_head(args.vocab_size, args.hidden_size, bits)
     model.eval()
     layer = MTPLayer(qwen3_5.TextModelArgs.from_dict(text))
-    settle(layer, None)
+    settle(layer, None, GROUP_SIZE)
     if text.get("num_experts") and not mx.metal.is_available():  # MLX's CPU gathers experts in float32 only
         layer.set_dtype(mx.float32)
         mx.eval(layer.parameters())
@@ -46,23 +47,6 @@ def random_qwen(name: str, bits=4, group=None) -> Engine:
         FAMILY.split(target, draft, group)
     FAMILY.join(target, draft)
     return Engine.of(target, draft, family=FAMILY, lockstep=Lockstep(group) if group is not None else None)
-
-
-def settle(module: nn.Module, bits) -> None:
-    """Cast to bfloat16, quantize as mlx-lm converts Qwen3.5 (a MoE's routers at 8 bits: its
-    `quant_predicate`), and materialise this piece now."""
-    module.set_dtype(mx.bfloat16)
-    if bits:
-        nn.quantize(module, group_size=GROUP_SIZE, bits=bits, class_predicate=lambda path, m: _quantized_as(path, m))
-    mx.eval(module.parameters())
-
-
-def _quantized_as(path: str, module: nn.Module):
-    if not hasattr(module, "to_quantized") or isinstance(module, nn.Embedding) or module.weight.shape[-1] % GROUP_SIZE:
-        return False
-    if path.endswith("mlp.gate") or path.endswith("shared_expert_gate"):
-        return {"group_size": GROUP_SIZE, "bits": 8}
-    return True
 
 
 def quantized_head(vocab: int, hidden: int, bits) -> nn.Module:

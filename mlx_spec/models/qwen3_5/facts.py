@@ -2,7 +2,7 @@
 full-attention layers (and of the MTP layer, which keeps its own), and the Gated DeltaNet layers'
 state, which is the same at any context."""
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from ..batch_pass import MAX_POSITIONS
 from .loader import mtp_layers_of, text_config
@@ -42,13 +42,31 @@ def kv_cache_bytes(config: Mapping[str, Any], context: int, sliding_slack: int) 
     item = 4 if dtype == "float32" else 2  # bfloat16 unless the checkpoint says float32
     attention = full_attention_layers(text) + mtp_layers_of(text)
     kv = attention * 2 * text["num_key_value_heads"] * head_dim * context * item
-    linear = text["num_hidden_layers"] - full_attention_layers(text)
-    key_dim = text.get("linear_key_head_dim", 128) * text.get("linear_num_key_heads", 16)
-    value_heads, value_dim = text.get("linear_num_value_heads", 32), text.get("linear_value_head_dim", 128)
-    conv_dim = 2 * key_dim + value_heads * value_dim
-    conv = (text.get("linear_conv_kernel_dim", 4) - 1) * conv_dim * item
-    state = value_heads * value_dim * text.get("linear_key_head_dim", 128) * 4
-    longest = MAX_POSITIONS
-    stash = longest * (conv_dim + 2 * value_heads) * item
-    hidden = (longest + 1) * text["hidden_size"] * item if mtp_layers_of(text) else 0
+    linear, dims = text["num_hidden_layers"] - full_attention_layers(text), LinearDims.of(text)
+    conv_dim = 2 * dims.key_dim + dims.value_dim
+    conv = (dims.kernel - 1) * conv_dim * item
+    state = dims.value_dim * dims.key_head_dim * 4
+    stash = MAX_POSITIONS * (conv_dim + 2 * dims.value_heads) * item
+    hidden = (MAX_POSITIONS + 1) * text["hidden_size"] * item if mtp_layers_of(text) else 0
     return kv + linear * (conv + state + stash) + hidden
+
+
+class LinearDims(NamedTuple):
+    """A Gated DeltaNet layer's widths from a text config (with mlx-lm's and transformers'
+    defaults where the config leaves them out)."""
+
+    key_heads: int
+    key_head_dim: int
+    value_heads: int
+    value_dim: int  # all value heads together
+    kernel: int  # the convolution's
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @classmethod
+    def of(cls, text: Mapping[str, Any]) -> "LinearDims":
+        value_heads = text.get("linear_num_value_heads", 32)
+        return cls(text.get("linear_num_key_heads", 16), text.get("linear_key_head_dim", 128), value_heads,
+                   value_heads * text.get("linear_value_head_dim", 128), text.get("linear_conv_kernel_dim", 4))

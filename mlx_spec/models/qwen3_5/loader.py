@@ -2,8 +2,6 @@
 holds under `mtp.` (which mlx-lm's loader drops) from a checkpoint already read
 (models/checkpoint.py). Every problem a user can cause is a `LoadError` naming the path."""
 
-import json
-import struct
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -95,13 +93,14 @@ def has_mtp_weights(path: Path) -> bool:
     """Whether the checkpoint's weight files name any tensor under `mtp.`, read from their
     headers (no weight is read). True where there are no files to read yet (a hub id whose
     weights are not downloaded: its config is all there is to go by)."""
+    from safetensors import SafetensorError, safe_open
+
     files = weight_files(Path(path))
     for file in files:
         try:
-            with open(file, "rb") as f:
-                size = struct.unpack("<Q", f.read(8))[0]
-                names = json.loads(f.read(size))
-        except (OSError, ValueError, struct.error):
+            with safe_open(str(file), framework="numpy") as weights:  # (the header alone is read)
+                names = list(weights.keys())
+        except (OSError, SafetensorError):
             return True  # (unreadable: loading it says what is wrong)
         if any(name.startswith("mtp.") for name in names):
             return True

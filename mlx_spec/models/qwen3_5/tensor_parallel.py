@@ -16,7 +16,7 @@ from typing import List, Tuple
 import mlx.core as mx
 
 from ...errors import LoadError
-from .facts import full_attention_layers, kv_cache_bytes
+from .facts import LinearDims, full_attention_layers, kv_cache_bytes
 from .loader import mtp_layers_of, text_config
 
 
@@ -78,10 +78,8 @@ def rank_share(config: dict, size: int, experts: str = "whole", context: int = 8
     head_dim = text.get("head_dim") or width // heads
     kv = text["num_key_value_heads"]
     kept = kv // size if kv % size == 0 else 1
-    key_dim = text.get("linear_key_head_dim", 128) * text.get("linear_num_key_heads", 16)
-    value_heads = text.get("linear_num_value_heads", 32)
-    value_dim = value_heads * text.get("linear_value_head_dim", 128)
-    kernel = text.get("linear_conv_kernel_dim", 4)
+    dims = LinearDims.of(text)
+    key_dim, value_heads, value_dim, kernel = dims.key_dim, dims.value_heads, dims.value_dim, dims.kernel
     full, mtp = full_attention_layers(text), mtp_layers_of(text)
     linear = text["num_hidden_layers"] - full
     experts_count = text.get("num_experts") or 0
@@ -95,7 +93,7 @@ def rank_share(config: dict, size: int, experts: str = "whole", context: int = 8
     whole = vocab * width + (linear + full + mtp) * router + mtp * 2 * width * width
     total = split + whole + (full + mtp) * 2 * kv * head_dim * width
     per_rank = split / size + whole + (full + mtp) * 2 * kept * head_dim * width
-    rank_text = dict(text, num_key_value_heads=kept, linear_num_key_heads=text.get("linear_num_key_heads", 16) // size,
+    rank_text = dict(text, num_key_value_heads=kept, linear_num_key_heads=dims.key_heads // size,
                      linear_num_value_heads=value_heads // size)
     whole_cache = kv_cache_bytes(text, context, sliding_slack) or 0
     rank_cache = kv_cache_bytes(rank_text, context, sliding_slack) or 0
