@@ -6,10 +6,12 @@ Data flows one way: Engine -> Generation -> Decoder -> (drafter, target, caches,
 """
 
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .chat import ChatSession
+from .constraints.matcher import Grammars
 from .decoding.decoder import Decoder
 from .decoding.prompt_cache import PromptCache
 from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
@@ -135,8 +137,16 @@ class Engine:
         sampling = options.sampling
         if sampling.seed is None and self.lockstep.size > 1:  # every rank must draw the same uniforms
             sampling = replace(sampling, seed=self.lockstep.seed())
+        grammar = options.constraint
+        constraint = self.grammars.matcher(grammar) if grammar is not None else None
         return Decoder(self.target, sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
-                       lengths=self.draft_lengths)
+                       lengths=self.draft_lengths, constraint=constraint)
+
+    @cached_property
+    def grammars(self) -> Grammars:
+        """What compiles this engine's constraints (its tokenizer read on the first one)."""
+        tokenizer = self.tokenizer
+        return Grammars(getattr(tokenizer, "_tokenizer", tokenizer), self.target.vocab_size, self.stop_tokens)
 
     def _default_drafter(self, lookup: bool) -> Optional[Drafter]:
         """Prompt lookup where the text has a match, the MTP assistant where not; either alone
@@ -166,7 +176,9 @@ class Engine:
         chosen each cycle from the measured acceptance and costs; `draft_tokens` fixes it.
         mtp=False decodes with the target alone (True insists on a loaded assistant); `drafter`
         replaces both with any object following the drafter protocol. report=False skips the
-        per-token distribution figures. thinking=True lets the model think first (its thought
+        per-token distribution figures. json_schema (a mapping, or True for any JSON object),
+        regex or grammar (Lark) hold the answer to them, drafting still on and exact: at every
+        position the target's distribution restricted to what they allow. thinking=True lets the model think first (its thought
         comes back apart, in `result.thinking`). stop=["..."] ends the answer before the first
         of these strings (left out of the text). `tools`: OpenAI-style function declarations.
         """

@@ -8,6 +8,7 @@ values are refused here, by name, before any model work.
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Tuple
 
+from .constraints import Grammar, grammar_of
 from .decoding.limits import check_draft_tokens
 from .errors import SettingsError
 from .media.images import SOFT_TOKEN_BUDGETS
@@ -31,6 +32,11 @@ class Options:
     # request that named no max_tokens); False: it is refused.
     fit_context: bool = False
     image_tokens: Optional[int] = None  # soft tokens per image (70, 140, 280, 560, 1120); None: the processor's
+    # What the answer must be (at most one; constraints/spec.py): a JSON schema (a mapping, its
+    # JSON text, or True for any JSON object), a regular expression, or a Lark grammar.
+    json_schema: Any = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
     drafter: Any = field(default=None, compare=False)  # any object with draft(context, g)
 
     def __post_init__(self):
@@ -49,6 +55,8 @@ class Options:
                                 f"got {self.image_tokens!r}")
         if self.mtp is not None and not isinstance(self.mtp, bool):
             raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
+        if self.constraint is not None and self.thinking:
+            raise SettingsError("a constraint (json_schema, regex or grammar) holds the whole answer: turn thinking off")
         for name in ("lookup", "report", "thinking", "fit_context"):  # ("no" would be true)
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -56,6 +64,11 @@ class Options:
     @property
     def sampling(self) -> SamplingSettings:
         return SamplingSettings(self.temperature, self.top_k, self.top_p, self.seed)
+
+    @property
+    def constraint(self) -> Optional[Grammar]:
+        """The grammar the answer must follow, or None (checks the three settings)."""
+        return grammar_of(self.json_schema, self.regex, self.grammar)
 
     def but(self, **changes) -> "Options":
         """These options with `changes`, checked; an unknown name is a SettingsError."""

@@ -114,7 +114,7 @@ class Batch:
         sequence, settled and consistent with its caches, rather than fail the batch."""
         back = max(0, min(len(row.ready), row.state.takeable))
         keep = len(row.ready) - back
-        row.state.take_back(back, row.ready[keep - 1][1] if keep else row.hidden)
+        row.decoder.take_back(row.state, back, row.ready[keep - 1][1] if keep else row.hidden)
         row.decoder.stats.generated_tokens -= back
         row.ready.clear()
 
@@ -194,7 +194,7 @@ class Batch:
             try:
                 settled[id(row)] = self._settle(row, member, step.positions)
             except Exception as e:  # the row's own (its drafter's): it ends alone, the others go on
-                row.state.take_back(len(row.state.tokens) - tokens, hidden)  # none handed over
+                row.decoder.take_back(row.state, len(row.state.tokens) - tokens, hidden)  # none handed over
                 row.error, row.done = e, True
         return settled
 

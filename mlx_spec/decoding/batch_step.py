@@ -128,6 +128,8 @@ class StepBuilder:
             asks.append(Ask(row.decoder.policy if drafts else None, budget if steps else 0))
         if not any(a.budget > 0 for a in asks):
             return None, 0, []
+        if running is not None and any(r.decoder.constraint is not None and a.budget > 0 for r, a in zip(rows, asks)):
+            return None, 0, []  # a constraint's masks follow the settled tokens: the step waits for them
         gs = self.lengths.choose(asks)
         # A first probe is built from the settled tokens (the row's first cycle ran alone), so
         # prompt lookup, which reads them, is among its drafters. (Handed out again after its
@@ -151,7 +153,8 @@ class StepBuilder:
                                  for s, d in zip(starts, drafts)])
         logits, hidden = self.target.forward_batch(inputs, self.caches, offsets)
         stepping = [b for b, ask in enumerate(asks) if ask.budget > 0]
-        verified = _verified(rows, starts, drafts, stepping, logits, positions)
+        masks = _masks(rows, drafts, stepping, positions)
+        verified = _verified(rows, starts, drafts, stepping, logits, positions, masks)
         members = []
         for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, gs)):
             if b not in verified:
@@ -184,27 +187,41 @@ class StepBuilder:
         return last, hidden, positions, kv
 
 
-def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, positions: int) -> dict:
+def _masks(rows, drafts, stepping: List[int], positions: int) -> dict:
+    """{row index: its constraint's allowed tokens [positions, words]} for the constrained rows
+    that step. Their guesses are read on the host first (one sync for all of them)."""
+    constrained = [b for b in stepping if rows[b].decoder.constraint is not None]
+    guessing = [b for b in constrained if drafts[b].tokens.size]
+    if guessing:  # a host sync more in their cycle: the guesses are read before the pass is built
+        mx.eval([drafts[b].tokens for b in guessing])
+        for b in guessing:
+            rows[b].decoder.stats.host_syncs += 1
+    return {b: rows[b].decoder.builder.mask(drafts[b].tokens, positions) for b in constrained}
+
+
+def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, positions: int, masks: dict) -> dict:
     """{row index: (kept, tokens, reports)} for the stepping rows. Rows whose guesses are kept by
-    match and whose decoders verify alike (the same sampling settings and reports) are verified
-    together, in one compiled call over [rows, positions, V]: each row's guesses padded with -1
-    (no token), so that it keeps no more than its own, and each position's figures computed as
-    the row's own call computes them. A row whose drafter sampled its guesses (the ratio rule)
-    is verified alone."""
+    match and whose decoders verify alike (the same sampling settings and reports, a constraint
+    or none) are verified together, in one compiled call over [rows, positions, V]: each row's
+    guesses padded with -1 (no token), so that it keeps no more than its own, and each position's
+    figures computed as the row's own call computes them. A row whose drafter sampled its
+    guesses (the ratio rule) is verified alone."""
     out, groups = {}, {}
     for b in stepping:
         builder = rows[b].decoder.builder
         if drafts[b].q is not None:
             g = drafts[b].tokens.shape[0]
-            out[b] = builder.verify(starts[b], logits[b, : g + 1], drafts[b])
+            mask = masks[b][: g + 1] if b in masks else None
+            out[b] = builder.verify(starts[b], logits[b, : g + 1], drafts[b], mask)
         else:
-            groups.setdefault(builder.verifier.key, []).append(b)
+            groups.setdefault((builder.verifier.key, b in masks), []).append(b)
     for members in groups.values():
         verifier = rows[members[0]].decoder.builder.verifier
         picked = logits if len(members) == logits.shape[0] else logits[mx.array(members)]
         guesses = mx.stack([_padded_guesses(drafts[b].tokens, positions - 1) for b in members])
         uniforms = mx.stack([rows[b].decoder.builder.target_uniforms(starts[b], positions) for b in members])
-        kept, tokens, reports = verifier.by_match(picked, guesses, uniforms)
+        mask = mx.stack([masks[b] for b in members]) if members[0] in masks else None
+        kept, tokens, reports = verifier.by_match(picked, guesses, uniforms, mask)
         for i, b in enumerate(members):
             out[b] = (kept[i], tokens[i], {k: v[i] for k, v in reports.items()})
     return out

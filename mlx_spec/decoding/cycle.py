@@ -91,9 +91,12 @@ class Cycle:
 
 
 class CycleBuilder:
-    def __init__(self, target: TargetModel, settings: SamplingSettings, uniforms: dict, report: bool):
+    def __init__(self, target: TargetModel, settings: SamplingSettings, uniforms: dict, report: bool,
+                 constraint=None):
+        """constraint: the answer's grammar matcher (constraints/matcher.py), or None."""
         self.target, self.settings, self.uniforms = target, settings, uniforms
         self.verifier = Verifier(settings, report, target.traces)
+        self.constraint = constraint
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle in the sequence's own caches, from its settled state:
@@ -110,19 +113,20 @@ class CycleBuilder:
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target.forward(inputs, state.cache)
-        kept, tokens, reports = self.verify(start, logits[0], draft)
+        kept, tokens, reports = self.verify(start, logits[0], draft, self.mask(draft.tokens, g + 1))
         return Cycle(start, draft.tokens.shape[0], asked, draft.source, kept, tokens, hidden, reports, draft.copied)
 
-    def verify(self, start: Start, logits: mx.array, draft: Draft):
+    def verify(self, start: Start, logits: mx.array, draft: Draft, mask: Optional[mx.array] = None):
         """(kept, tokens, reports) of a draft from the target's logits [g + 1, V] at the last
-        settled token and the guesses, with the uniforms of the cycle's output positions."""
+        settled token and the guesses, with the uniforms of the cycle's output positions;
+        `mask`: the constraint's allowed tokens at those positions (`mask`), or None."""
         g = draft.tokens.shape[0]
 
         def uniforms(stream, first, n):
             return start.uniforms(self.uniforms[stream], first, n)
 
         if draft.q is None:
-            return self.verifier.by_match(logits, draft.tokens, uniforms("target", 0, g + 1))
+            return self.verifier.by_match(logits, draft.tokens, uniforms("target", 0, g + 1), mask)
         return self.verifier.by_ratio(
             logits,
             draft.tokens,
@@ -130,7 +134,16 @@ class CycleBuilder:
             uniforms("accept", 0, g)[:, 0],
             uniforms("residual", 0, g),
             uniforms("target", g, 1)[0],
+            mask,
         )
+
+    def mask(self, guesses: mx.array, positions: int) -> Optional[mx.array]:
+        """The constraint's packed allowed tokens [positions, words] at the settled point and
+        after each guess (None without a constraint). It reads the guesses on the host: a
+        constrained cycle is built from settled tokens, and waits for its drafts."""
+        if self.constraint is None:
+            return None
+        return mx.array(self.constraint.masks(guesses.tolist(), positions))
 
     def target_uniforms(self, start: Start, n: int) -> mx.array:
         """The target's draws' uniforms for the cycle's first n output positions ([n, 2])."""

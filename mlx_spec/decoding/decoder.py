@@ -46,10 +46,13 @@ class Decoder:
         stop_tokens: Sequence[int] = (),
         prefill_chunk: int = PREFILL_CHUNK,
         lengths: Optional[DraftLengths] = None,
+        constraint=None,
     ):
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive).
         lengths: the engine's cost model of a step (draft_lengths.py), shared by every
-        generation on it; a fresh one if None."""
+        generation on it; a fresh one if None. constraint: the answer's grammar matcher
+        (constraints/matcher.py): at every verified position the target's distribution is
+        restricted to what it allows."""
         if drafter is not None:
             check_draft_tokens(draft_tokens)
         if settings.top_k > target.vocab_size:
@@ -65,7 +68,8 @@ class Decoder:
         self.stop_tokens = set(stop_tokens)
         self.prefill_chunk = prefill_chunk
         self.uniforms = uniform_streams(settings.seed)
-        self.builder = CycleBuilder(target, settings, self.uniforms, report)
+        self.constraint = constraint
+        self.builder = CycleBuilder(target, settings, self.uniforms, report, constraint)
         self.stats = Stats()
 
     @property
@@ -138,6 +142,12 @@ class Decoder:
             finally:
                 reader.close()
 
+    def take_back(self, state: SequenceState, n: int, hidden) -> None:
+        """The last `n` settled tokens go back (never handed over), the constraint's with them."""
+        state.take_back(n, hidden)
+        if self.constraint is not None and n > 0:
+            self.constraint.take_back(n)
+
     def settle(self, state: SequenceState, cycle: Cycle, outcome: Outcome) -> List[TokenReport]:
         """Append the cycle's tokens to the state and cut its rejected guesses from the caches
         (a step queued after it keeps its positions, which follow the settled ones); its
@@ -149,6 +159,8 @@ class Decoder:
         state.settle(outcome.tokens, cycle.hidden[:, n - 1 : n])
         if self.drafter is not None:
             self.drafter.accept(state, outcome.tokens)
+        if self.constraint is not None:
+            self.constraint.advance(outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
         self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked, pooled=not cycle.copied)
