@@ -140,7 +140,7 @@ class Engine:
         grammar = options.constraint
         constraint = self.grammars.matcher(grammar) if grammar is not None else None
         return Decoder(self.target, sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
-                       lengths=self.draft_lengths, constraint=constraint)
+                       lengths=self.draft_lengths, constraint=constraint, forced_guesses=options.drafter is None)
 
     @cached_property
     def grammars(self) -> Grammars:

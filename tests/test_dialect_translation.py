@@ -57,7 +57,7 @@ def test_codex_s_next_turn_gives_back_its_reasoning_calls_and_outputs():
 @pytest.mark.parametrize("fields, words", [
     ({"previous_response_id": "resp_1"}, "previous_response_id is not supported"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"text": {"format": {"type": "json_schema"}}}, "JSON modes"),
+    ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
     ({"input": []}, "input is empty"),
 ])
 def test_responses_refuses_by_name(fields, words):

@@ -11,7 +11,7 @@ import click
 from ..decoding.lockstep import lost_peer
 from ..errors import GroupError, LoadError, SettingsError
 from .chat_loop import media_parts, run_chat
-from .flags import command_flags, flag_options, load_engine, memory_settings, model_options
+from .flags import command_flags, constraint_options, constraint_settings, flag_options, load_engine, memory_settings, model_options
 from .group import UNSHARED, follow_quietly, group_faults, join_launched_group, shared_file
 from .terminal import TokenPrinter, as_utf8, read_bytes_as_escapes, stats_line
 
@@ -60,11 +60,12 @@ def chat(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lo
 @click.option("--stop", multiple=True, help="End the answer before this string (left out); may be given more than once.")
 @click.option("--image", "images", multiple=True, metavar="PATH", help="An image before the prompt (repeatable).")
 @click.option("--audio", "clips", multiple=True, metavar="PATH", help="A 16 kHz WAV clip before the prompt (repeatable).")
+@constraint_options
 def generate(model, drafter, drafter_bits, drafter_mode, no_mtp, draft_tokens, no_lookup, temp, top_k, top_p, seed, max_tokens,
-             thinking, image_tokens, prompt, system_prompt, raw, as_json, stop, images, clips):
+             thinking, image_tokens, prompt, system_prompt, raw, as_json, stop, images, clips, json_schema, regex, grammar):
     """Answer one prompt."""
     options = flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop,
-                           image_tokens)
+                           image_tokens).but(**constraint_settings(json_schema, regex, grammar))
     if raw and (images or clips):
         raise SettingsError("--image and --audio need the chat template: leave out --raw")
     group = join_launched_group()

@@ -1,8 +1,11 @@
 """The flags `chat`, `generate` and `serve` share (mlx-lm's spellings), and the engine they load."""
 
+from pathlib import Path
+
 import click
 
 from ..chat import ChatSession
+from ..errors import SettingsError
 from ..loading import AUTO, DEFAULT_TARGET
 from ..memory import DEFAULT_CONTEXT
 from ..models import FAMILIES
@@ -54,6 +57,33 @@ def model_options(f):
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def constraint_options(f):
+    """`generate`'s flags for an answer that must parse (constraints/spec.py)."""
+    options = [
+        click.option("--json-schema", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Hold the answer to this JSON schema (a .json file), drafting still on."),
+        click.option("--regex", default=None, help="Hold the answer to this regular expression."),
+        click.option("--grammar", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Hold the answer to this Lark grammar (its rule `start`)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def constraint_settings(json_schema, regex, grammar) -> dict:
+    """The constraint flags as Options' settings, the files read (a SettingsError names one that
+    cannot be)."""
+    settings = {"regex": regex}
+    for name, path in (("json_schema", json_schema), ("grammar", grammar)):
+        if path is not None:
+            try:
+                settings[name] = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise SettingsError(f"--{name.replace('_', '-')} {path}: cannot be read ({e})") from None
+    return settings
 
 
 def flag_options(temp, top_k, top_p, seed, draft_tokens, no_mtp, no_lookup, max_tokens, thinking, stop=(),

@@ -123,6 +123,16 @@ class Matcher:
         self._check()
         return out
 
+    def forced(self, most: int) -> List[int]:
+        """Up to `most` tokens the grammar forces next (llguidance's fast-forward tokens; never
+        a stop token)."""
+        out = []
+        for token in self.matcher.compute_ff_tokens()[:most]:
+            if token in self.stop_tokens:
+                break
+            out.append(token)
+        return out
+
     def advance(self, tokens: Sequence[int]) -> None:
         """The row settled `tokens` (each allowed by its mask): the matcher moves past them."""
         for token in tokens:

@@ -131,6 +131,7 @@ class StepBuilder:
         if running is not None and any(r.decoder.constraint is not None and a.budget > 0 for r, a in zip(rows, asks)):
             return None, 0, []  # a constraint's masks follow the settled tokens: the step waits for them
         gs = self.lengths.choose(asks)
+        asked = _forced(rows, asks, gs, drafters)
         # A first probe is built from the settled tokens (the row's first cycle ran alone), so
         # prompt lookup, which reads them, is among its drafters. (Handed out again after its
         # step was dropped unrun, it may be built ahead of them: then it drafts nothing.)
@@ -156,7 +157,7 @@ class StepBuilder:
         masks = _masks(rows, drafts, stepping, positions)
         verified = _verified(rows, starts, drafts, stepping, logits, positions, masks)
         members = []
-        for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, gs)):
+        for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, asked)):
             if b not in verified:
                 members.append(Member(row, None))
                 continue
@@ -185,6 +186,23 @@ class StepBuilder:
         last = mx.concatenate([starts[b].last for b in rows])
         hidden = mx.concatenate([starts[b].hidden for b in rows])
         return last, hidden, positions, kv
+
+
+def _forced(rows, asks, gs: List[int], drafters: list) -> List[int]:
+    """A row whose grammar forces tokens drafts them (drafting/forced.py), whatever its draft
+    length chose, which is withdrawn; gs and drafters are changed in place. Returns what each
+    row's draft length chose (0 for these rows: the choice was not theirs)."""
+    asked = list(gs)
+    for b, (row, ask) in enumerate(zip(rows, asks)):
+        forced = row.decoder.forced
+        if forced is None or drafters[b] is None or ask.budget <= 0:
+            continue
+        n = len(forced.tokens(row.decoder.policy.cap(ask.budget)))
+        if n:
+            if gs[b]:
+                row.decoder.policy.withdraw()
+            gs[b], asked[b], drafters[b] = n, 0, forced
+    return asked
 
 
 def _masks(rows, drafts, stepping: List[int], positions: int) -> dict:

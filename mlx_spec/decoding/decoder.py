@@ -17,6 +17,7 @@ from typing import Callable, Iterator, List, Optional, Sequence
 from mlx_lm.generate import wired_limit
 
 from ..drafting import Drafter, as_drafter
+from ..drafting.forced import SOURCE as FORCED, ForcedTokens
 from ..errors import SettingsError
 from ..media.items import MediaSpan
 from ..models.protocol import TargetModel
@@ -47,6 +48,7 @@ class Decoder:
         prefill_chunk: int = PREFILL_CHUNK,
         lengths: Optional[DraftLengths] = None,
         constraint=None,
+        forced_guesses: bool = False,
     ):
         """draft_tokens: guesses per cycle, or None to choose them each cycle (adaptive).
         lengths: the engine's cost model of a step (draft_lengths.py), shared by every
@@ -69,6 +71,9 @@ class Decoder:
         self.prefill_chunk = prefill_chunk
         self.uniforms = uniform_streams(settings.seed)
         self.constraint = constraint
+        # The guesses its grammar forces, drafted whenever it has some (drafting/forced.py):
+        # with the engine's own drafting, not with a drafter given or none.
+        self.forced = ForcedTokens(constraint) if constraint is not None and forced_guesses and drafter else None
         self.builder = CycleBuilder(target, settings, self.uniforms, report, constraint)
         self.stats = Stats()
 
@@ -163,5 +168,8 @@ class Decoder:
             self.constraint.advance(outcome.tokens)
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
-        self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked, pooled=not cycle.copied)
+        if cycle.source == FORCED:  # outside the draft length's choice: it learns nothing from them
+            self.policy.observe(0, 0, asked=cycle.asked, pooled=False)
+        else:
+            self.policy.observe(cycle.g, min(outcome.kept, n), asked=cycle.asked, pooled=not cycle.copied)
         return reports

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
+from .formats import messages_format
 from .json_values import text_field
 from .schemas import ChatRequest, Described
 
@@ -39,6 +40,8 @@ class MessagesRequest(Described, BaseModel):
     seed: Optional[StrictInt] = Field(None, ge=0, lt=2**64)  # extension, as on chat completions: a reproducible sample
     mtp: Optional[StrictBool] = None  # extension, as on chat completions
     x_report: StrictBool = False  # extension: per-token reports as `x_tokens`
+    output_config: Optional[Dict[str, Any]] = None  # its `format`: the answer's JSON schema
+    output_format: Optional[Dict[str, Any]] = None  # the structured-outputs beta's spelling of it
 
     @field_validator("thinking")
     @classmethod
@@ -62,8 +65,9 @@ class MessagesRequest(Described, BaseModel):
     def _supported(self):
         kind = (self.tool_choice or {}).get("type", "auto")
         if kind not in ("auto", "none"):
-            raise ValueError(f'tool_choice {{"type": "{kind}"}} is not supported: a call cannot be forced without '
-                             'constrained decoding; use "auto" or "none"')
+            raise ValueError(f'tool_choice {{"type": "{kind}"}} is not supported yet: a call cannot be forced; '
+                             'use "auto" or "none"')
+        messages_format(self.output_config, self.output_format)  # (named as this API names it)
         return self
 
     def function_tools(self) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -87,6 +91,7 @@ class MessagesRequest(Described, BaseModel):
             # no `thinking`: the server's default (`serve --thinking`)
             "thinking": None if self.thinking is None else self.thinking.get("type") in ("enabled", "adaptive"),
             "tools": tools or None, "tool_choice": tool_choice if tools and tool_choice else None,
+            "response_format": messages_format(self.output_config, self.output_format),
         }
         return {k: v for k, v in body.items() if v is not None}
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
+from .formats import responses_format
 from .json_values import loads, text_field
 from .schemas import ChatRequest, Described
 
@@ -53,12 +54,8 @@ class ResponsesRequest(Described, BaseModel):
             raise ValueError("previous_response_id is not supported: this server stores no responses; send the "
                              "whole conversation in input (as Codex does), which the prompt cache resumes")
         if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError('tool_choice must be "auto" or "none": calls cannot be forced without constrained decoding')
-        form = (self.text or {}).get("format") or {}
-        if not isinstance(form, dict):
-            raise ValueError('text.format must be an object: {"type": "text"}')
-        if form.get("type") not in (None, "text"):
-            raise ValueError('text.format must be {"type": "text"}: JSON modes are not supported')
+            raise ValueError('tool_choice must be "auto" or "none": forcing a tool call is not supported yet')
+        responses_format(self.text)  # (checked here, to name the field as this API does)
         if isinstance(self.input, list) and not self.input:
             raise ValueError("input is empty")
         if (self.reasoning or {}).get("effort") not in (None, *EFFORTS):  # (a number turned thinking on)
@@ -100,6 +97,7 @@ class ResponsesRequest(Described, BaseModel):
             "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp, "x_report": self.x_report,
             "thinking": self.thinking, "stream": self.stream,
             "tools": tools or None, "tool_choice": self.tool_choice if tools else None,
+            "response_format": responses_format(self.text),
         }
         return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None}), ignored
 

@@ -4,8 +4,9 @@ failure returns.
 
 Fields OpenAI defines are checked for their types (a wrong type is a 400 naming the field);
 fields we do not know are ignored, as OpenAI's own clients send many optional ones. What we
-cannot honour with exact decoding (n > 1, penalties, logit bias, forced tool choice, JSON
-modes, echo) is refused by name rather than silently dropped.
+cannot honour with exact decoding (n > 1, penalties, logit bias, forced tool choice, echo) is
+refused by name rather than silently dropped. JSON modes hold the answer to their schema
+(formats.py).
 """
 
 from typing import Any, Dict, List, Optional, Union
@@ -16,6 +17,7 @@ from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
 from ..message_checks import checked_tool
 from .chat_checks import checked_message
+from .formats import chat_json_schema
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 # Each token is matched against every stop string on the model's thread, the batch's other rows
@@ -148,10 +150,16 @@ class ChatRequest(_Request):
     @model_validator(mode="after")
     def _chat_supported(self):
         if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError('tool_choice must be "auto" or "none": calls cannot be forced without constrained decoding')
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError('response_format must be {"type": "text"}: JSON modes are not supported')
+            raise ValueError('tool_choice must be "auto" or "none": forcing a tool call is not supported yet')
+        if self.json_schema is not None and self.active_tools:
+            raise ValueError("response_format with tools is not supported yet: the format would hold the whole "
+                             'answer, so no tool could be called; send one or the other (or tool_choice "none")')
         return self
+
+    @property
+    def json_schema(self) -> Any:
+        """What `response_format` holds the answer to (Options.json_schema), or None."""
+        return chat_json_schema(self.response_format)
 
     @property
     def limit(self) -> Optional[int]:
@@ -169,7 +177,10 @@ class ChatRequest(_Request):
         return bool(self.logprobs or self.x_report)
 
     def own_options(self, defaults: Options) -> Dict[str, Any]:
-        own = {"thinking": defaults.thinking if self.enable_thinking is None else self.enable_thinking}
+        thinking = defaults.thinking if self.enable_thinking is None else self.enable_thinking
+        own = {"thinking": thinking, "json_schema": self.json_schema}
+        if self.json_schema is not None and self.enable_thinking is None:
+            own["thinking"] = False  # the format holds the whole answer (a server that thinks by default)
         return own if self.image_tokens is None else {**own, "image_tokens": self.image_tokens}
 
     @property
