@@ -6,7 +6,8 @@ model's prediction), `controlled` (the loop's own cost at set acceptances), `ove
 host's cost of building a cycle), `media` (an image in the prompt: first token, encoder, MTP),
 `batch` (several requests at once, mlx-lm's BatchGenerator beside), `group` (the target split
 over processes with mlx.launch, and a cost model for Macs over Thunderbolt) and `rollback` (a
-Gated DeltaNet layer's rollback: replay against a state kept per position). `run` writes a
+Gated DeltaNet layer's rollback: replay against a state kept per position) and `structured`
+(answers held to a JSON schema or a regex, drafting on and off, mlx-lm beside). `run` writes a
 table's JSON and markdown into the results folder and (re)draws the report there; `run_all`
 runs every table (`--skip A,B` leaves some out) into one folder and ends with a block to paste
 into an issue.
@@ -27,7 +28,7 @@ from .common import TableSkipped, results_folder
 
 TABLES = {"positions": "positions", "acceptance": "acceptance", "draft-length": "draft_length",
           "controlled": "controlled", "overhead": "overhead", "media": "media", "batch": "batch", "group": "group",
-          "rollback": "rollback"}
+          "rollback": "rollback", "structured": "structured"}
 # The options every table takes: what `all` passes to each; and those `all` passes to the tables
 # that have them only.
 SHARED = {"--model": 1, "--drafter": 1, "--random-weights": 0, "--shape": 1, "--repeats": 1, "--quick": 0, "--out": 1}

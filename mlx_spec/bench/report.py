@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group", "rollback"]
+TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group", "rollback",
+          "structured"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -281,6 +282,21 @@ def _rollback(data: dict) -> list:
     return [(f"Rolling back a Gated DeltaNet layer of {data['layer']}", draw)]
 
 
+def _structured(data: dict) -> list:
+    def draw(ax):
+        cases = data["cases"]
+        at = range(len(cases))
+        for shift, key, label in ((-0.3, "off_tps", "MTP off"), (-0.1, "default_tps", "default"),
+                                  (0.1, "free_tps", "default, no constraint"), (0.3, "mlx_lm_tps", "mlx-lm + llguidance")):
+            ax.bar([x + shift for x in at], [c[key] for c in cases], width=0.2, label=label)
+        ax.set_xticks(list(at))
+        ax.set_xticklabels([c["case"] for c in cases], rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel("tok/s")
+        ax.legend(fontsize=7)
+
+    return [("Answers held to a schema or a regex", draw)]
+
+
 FIGURES = {"positions": _positions, "acceptance": _acceptance, "draft_length": _draft_length,
            "controlled": _controlled, "overhead": _overhead, "media": _media, "batch": _batch, "group": _group,
-           "rollback": _rollback}
+           "rollback": _rollback, "structured": _structured}
