@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .chat import ChatSession
 from .constraints.matcher import Grammars
+from .constraints.tools import with_tools
 from .decoding.decoder import Decoder
 from .decoding.prompt_cache import PromptCache
 from .drafting import Chain, Drafter, MTPDrafter, PromptLookup
@@ -124,8 +125,9 @@ class Engine:
 
     # -- decoding --------------------------------------------------------------------------
 
-    def decoder(self, options: Optional[Options] = None, **settings) -> Decoder:
-        """The decoding loop for these options (see `generate`)."""
+    def decoder(self, options: Optional[Options] = None, tools: Optional[List[dict]] = None, **settings) -> Decoder:
+        """The decoding loop for these options (see `generate`); `tools`: the request's, which a
+        forced tool choice, or a JSON schema beside them, holds its calls to."""
         options = make(options, **settings)
         drafter = options.drafter
         if options.mtp is False:
@@ -137,7 +139,7 @@ class Engine:
         sampling = options.sampling
         if sampling.seed is None and self.lockstep.size > 1:  # every rank must draw the same uniforms
             sampling = replace(sampling, seed=self.lockstep.seed())
-        grammar = options.constraint
+        grammar = with_tools(options.constraint, options.tool_choice, tools, self.text.format, self.tokenizer)
         constraint = self.grammars.matcher(grammar) if grammar is not None else None
         return Decoder(self.target, sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
                        lengths=self.draft_lengths, constraint=constraint, forced_guesses=options.drafter is None)

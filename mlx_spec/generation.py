@@ -71,7 +71,7 @@ class Generation:
         # A Batch (decoding/batch.py) to decode in with other requests: iterating then gives
         # WAITING whenever this answer has nothing new until the batch's next step.
         self.batch = batch
-        self.decoder = engine.decoder(options)
+        self.decoder = engine.decoder(options, tools)
         self.stops = StopStrings(list(options.stop), None if as_written else (ANSWER,))
         self.prompt_tokens: Optional[int] = None
         self.prompt_ids: List[int] = []  # the prompt's last token ids (a chat format reads its channel there)

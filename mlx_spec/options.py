@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Tuple
 
 from .constraints import Grammar, grammar_of
+from .constraints.tools import check_tool_choice
 from .decoding.limits import check_draft_tokens
 from .errors import SettingsError
 from .media.images import SOFT_TOKEN_BUDGETS
@@ -37,6 +38,9 @@ class Options:
     json_schema: Any = None
     regex: Optional[str] = None
     grammar: Optional[str] = None
+    # With tools: "auto" (None), "none", "required" (a call of any tool) or a tool's name (a
+    # call of it), the calls held to the family's grammar (constraints/tools.py).
+    tool_choice: Optional[str] = None
     drafter: Any = field(default=None, compare=False)  # any object with draft(context, g)
 
     def __post_init__(self):
@@ -55,8 +59,11 @@ class Options:
                                 f"got {self.image_tokens!r}")
         if self.mtp is not None and not isinstance(self.mtp, bool):
             raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
-        if self.constraint is not None and self.thinking:
-            raise SettingsError("a constraint (json_schema, regex or grammar) holds the whole answer: turn thinking off")
+        check_tool_choice(self.tool_choice)
+        forced = self.tool_choice not in (None, "auto", "none")
+        if (self.constraint is not None or forced) and self.thinking:
+            raise SettingsError("a constraint (json_schema, regex, grammar or a forced tool_choice) holds the whole "
+                                "answer: turn thinking off")
         for name in ("lookup", "report", "thinking", "fit_context"):  # ("no" would be true)
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be True or False, got {getattr(self, name)!r}")

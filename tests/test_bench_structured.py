@@ -2,8 +2,6 @@
 mlx-lm under the same llguidance mask, on the tiny target trained to speak Gemma 4's chat format;
 random weights (no tokenizer) skip it by name."""
 
-import json
-
 from test_bench import mlx_spec_bench, run_script
 
 

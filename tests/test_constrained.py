@@ -250,3 +250,69 @@ def test_the_tokens_a_grammar_forces_are_drafted_and_kept(engine, prompt, expect
     own = ScriptedDrafter(prompt + reference, tiny.VOCAB, break_at=0)
     mine = engine.generate(prompt, max_tokens=MAX_TOKENS, drafter=own, draft_tokens=2, **given)
     assert "grammar" not in mine.stats.drafted_by_source and mine.stats.kept == 0
+
+
+SWEEP = {  # real schemas' features; strings bounded, so that a random model's answer ends
+    "nested": {"type": "object", "additionalProperties": False, "required": ["user", "tags"], "properties": {
+        "user": {"type": "object", "additionalProperties": False, "required": ["id"], "properties": {
+            "id": {"type": "integer", "minimum": 1, "maximum": 999}, "email": {"type": "string", "maxLength": 12}}},
+        "tags": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"enum": ["a", "b", "c"]}}}},
+    "anyOf and $ref": {"$defs": {"point": {"type": "object", "additionalProperties": False, "required": ["x", "y"],
+                                           "properties": {"x": {"type": "number", "minimum": -1, "maximum": 1},
+                                                          "y": {"type": "number"}}}},
+                       "type": "object", "additionalProperties": False, "required": ["shape"], "properties": {
+                           "shape": {"anyOf": [{"$ref": "#/$defs/point"}, {"type": "null"},
+                                               {"type": "array", "items": {"$ref": "#/$defs/point"}, "maxItems": 2}]}}},
+    "pattern and optional keys": {"type": "object", "additionalProperties": False, "required": ["code"], "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, "note": {"type": "string", "maxLength": 6},
+        "ok": {"type": "boolean"}, "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}}},
+}
+
+
+@pytest.mark.parametrize("name", list(SWEEP))
+def test_a_random_model_s_answers_validate_for_every_seed(engine, prompt, name):
+    """The tiny random model, whose free output is garbage: every answer under a real schema's
+    features parses and validates, greedy and at every seed of a sweep, drafting on == off."""
+    schema = SWEEP[name]
+    for seed in [None, 0, 1, 2, 3, 4]:
+        sampling = {} if seed is None else {"temperature": 1.0, "seed": seed}
+        result = engine.generate(prompt, max_tokens=MAX_TOKENS, json_schema=schema, **sampling)
+        assert result.finish_reason == "stop", (seed, result.text)
+        jsonschema.validate(json.loads(result.text), schema)
+        assert result.tokens == engine.generate(prompt, max_tokens=MAX_TOKENS, json_schema=schema, mtp=False,
+                                                **sampling).tokens
+
+
+def test_a_constrained_position_samples_the_restricted_distribution():
+    """The chi-square test at a constrained position: the token drawn (the guess kept, or the
+    target's own draw) follows the target's distribution restricted to the allowed tokens and
+    renormalised, at temperature 0.7 and top-p 0.9."""
+    from scipy.stats import chisquare
+
+    from mlx_spec.models.traces import TraceCache
+    from mlx_spec.decoding.verify import Verifier
+    from mlx_spec.sampling.distribution import distribution
+    from mlx_spec.sampling.masks import words_for
+    from mlx_spec.sampling.settings import SamplingSettings
+
+    vocab, draws = 64, 40000
+    rng = np.random.RandomState(0)
+    logits = mx.array(rng.randn(vocab).astype(np.float32) * 2)
+    allowed = rng.rand(vocab) < 0.4
+    packed = np.packbits(np.concatenate([allowed, np.zeros(words_for(vocab) * 32 - vocab, bool)]), bitorder="little")
+    mask = mx.array(packed.view(np.int32))
+    settings = SamplingSettings(temperature=0.7, top_p=0.9)
+    guess = int(np.flatnonzero(allowed)[0])
+    verifier = Verifier(settings, False, TraceCache())
+    uniforms = mx.array(rng.rand(draws, 2, 2).astype(np.float32))
+    kept, tokens, _ = verifier.by_match(mx.broadcast_to(logits, (draws, 2, vocab)), mx.full((draws, 1), guess, mx.int32),
+                                        uniforms, mx.broadcast_to(mask, (draws, 2, mask.shape[0])))
+    first = np.array(tokens[:, 0])
+    restricted = mx.where(mx.array(allowed), logits, -mx.inf)
+    expected = np.array(distribution(restricted[None], settings).dense(vocab)[0])
+    assert allowed[first].all()  # nothing outside the mask is ever drawn
+    support = expected > 0
+    observed = np.bincount(first, minlength=vocab)[support]
+    assert observed.sum() == draws
+    want = expected[support].astype(np.float64)
+    assert chisquare(observed, want / want.sum() * draws).pvalue > 1e-3

@@ -56,7 +56,6 @@ def test_codex_s_next_turn_gives_back_its_reasoning_calls_and_outputs():
 
 @pytest.mark.parametrize("fields, words", [
     ({"previous_response_id": "resp_1"}, "previous_response_id is not supported"),
-    ({"tool_choice": "required"}, "tool_choice"),
     ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
     ({"input": []}, "input is empty"),
 ])
@@ -138,8 +137,7 @@ def test_images_come_as_image_parts():
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"tool_choice": {"type": "any"}}, "tool_choice"),
-    ({"tool_choice": {"type": "tool", "name": "Bash"}}, "tool_choice"),
+    ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"messages": []}, "messages"),
 ])

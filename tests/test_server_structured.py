@@ -1,5 +1,6 @@
 """Structured outputs through the official clients' own helpers, against a real `mlx-spec serve`:
 OpenAI's `chat.completions.parse` and `responses.parse` with a pydantic model, `json_object`,
+forced tool calls, the Agents SDK with tools and `output_type=`,
 Anthropic's `messages.parse`; each answer validated by `jsonschema` against the schema the client
 sent, and token for token `Engine.generate`'s under the same schema, streamed or not."""
 
@@ -129,14 +130,89 @@ def test_a_bad_format_is_a_400_naming_it(oa, model, response_format, words):
         oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, response_format=response_format)
 
 
-def test_a_format_with_tools_is_refused_by_name(oa, model):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    with pytest.raises(openai.BadRequestError, match="response_format with tools"):
-        oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, tools=tools,
-                                   response_format={"type": "json_object"})
-
-
 def test_a_format_with_thinking_asked_for_is_refused_by_name(oa, model):
     with pytest.raises(openai.BadRequestError, match="turn thinking off"):
         oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, extra_body={"thinking": True},
                                    response_format={"type": "json_object"})
+
+
+CLOCK = [{"type": "function", "function": {"name": "get_current_time", "description": "The current time in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+TIME_QUESTION = [{"role": "user", "content": "What time is it in Taipei? And in New York?"}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_current_time"}}])
+def test_a_forced_tool_call_on_chat_completions(oa, model, engine, choice):
+    completion = oa.chat.completions.create(model=model, messages=TIME_QUESTION, tools=CLOCK, tool_choice=choice,
+                                            max_tokens=120)
+    calls = completion.choices[0].message.tool_calls
+    assert completion.choices[0].finish_reason == "tool_calls" and calls
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), CLOCK[0]["function"]["parameters"])
+    alone = engine.generate(TIME_QUESTION, tools=CLOCK, max_tokens=120,
+                            tool_choice=choice if isinstance(choice, str) else "get_current_time")
+    assert [json.loads(c.function.arguments) for c in calls] == [c["arguments"] for c in alone.tool_calls]
+
+
+def test_a_forced_tool_call_on_responses_and_messages(oa, an, model):
+    response = oa.responses.create(model=model, input="What time is it in Taipei?", max_output_tokens=120,
+                                   tools=[{"type": "function", **CLOCK[0]["function"]}], tool_choice="required")
+    assert [item.type for item in response.output if item.type == "function_call"]
+    tools = [{"name": "get_current_time", "description": "The current time in a city",
+              "input_schema": CLOCK[0]["function"]["parameters"]}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_current_time"}):
+        message = an.messages.create(model=model, max_tokens=120, messages=TIME_QUESTION, tools=tools, tool_choice=choice)
+        assert message.stop_reason == "tool_use" and [b for b in message.content if b.type == "tool_use"]
+
+
+def test_a_format_beside_tools_keeps_the_calls(oa, model):
+    """response_format with tools: a call, or the answer in the format (the trained model calls)."""
+    completion = oa.chat.completions.create(model=model, messages=TIME_QUESTION, tools=CLOCK, max_tokens=120,
+                                            response_format={"type": "json_object"})
+    assert completion.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("api", ["responses", "chat completions"])
+def test_the_agents_sdk_with_tools_and_a_typed_output(server, model, api):
+    """OpenAI's Agents SDK with `output_type=` and a tool: the model calls the tool (a call is
+    still allowed beside the format), then its final answer parses as the type."""
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # the SDK would send its traces to OpenAI
+    asked = []
+
+    @function_tool
+    def get_current_time(city: str) -> str:
+        """The current time in a city"""
+        asked.append(city)
+        return "21:04"
+
+    class Answer(BaseModel):
+        time: str = Field(max_length=8)
+
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY)
+    kind = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
+    agent = Agent(name="clock", model=kind(model=model, openai_client=client), tools=[get_current_time], output_type=Answer)
+    result = Runner.run_sync(agent, "What time is it in Taipei? And in New York?", max_turns=4)
+    assert isinstance(result.final_output, Answer) and asked == ["Taipei", "New York"]
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"$ref": "#"}, "gave up"),  # a schema that refers only to itself
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "cannot be used"),
+])
+def test_hostile_schemas_are_a_quick_400(oa, model, schema, words):
+    with pytest.raises(openai.BadRequestError, match=words):
+        oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, timeout=30, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def test_a_schema_nested_past_the_json_limit_is_a_400(oa, model):
+    schema = {"type": "integer"}
+    for _ in range(80):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(openai.BadRequestError, match="nested"):
+        oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})

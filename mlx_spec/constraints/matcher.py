@@ -55,7 +55,9 @@ class Grammars:
             raise _refused(grammar, e)
         if matcher.is_error():
             raise SettingsError(f"the {grammar.kind.replace('_', ' ')} cannot be used: {one_line(matcher.get_error())}")
-        return Matcher(matcher, self.vocab_size, self.stop_tokens)
+        ready = Matcher(matcher, self.vocab_size, self.stop_tokens)
+        ready.masks([])  # the first mask, now: a grammar the matcher cannot start on is refused before any work
+        return ready
 
     def _tokenizer(self):
         if self._ll_tokenizer is None:
@@ -86,6 +88,7 @@ def _refused(grammar: Grammar, error: BaseException) -> BaseException:
 
 def one_line(message: str, most: int = 300) -> str:
     """llguidance's message (several lines, a caret under the place) as one line."""
+    message = message.split("<state>", 1)[0]  # (its parser's dump follows)
     lines = [line.strip() for line in message.splitlines()]
     text = "; ".join(line for line in lines if line and not set(line) <= set("^|0123456789 "))
     return text if len(text) <= most else text[: most - 3] + "..."
@@ -121,6 +124,8 @@ class Matcher:
             self.matcher.rollback(walked)
         out[walked + 1:] = out[walked]
         self._check()
+        if not out[0].any():  # (a matcher past one of its limits allows nothing: never a NaN distribution)
+            raise SettingsError("the grammar allows no token here: the matcher gave up on it (too large a grammar?)")
         return out
 
     def forced(self, most: int) -> List[int]:
@@ -138,6 +143,7 @@ class Matcher:
         for token in tokens:
             consumed = token not in self.stop_tokens  # (a stop token ends the answer)
             if consumed and self.matcher.try_consume_tokens([token]) != 1:
+                self._check()  # (the matcher past one of its limits)
                 raise RuntimeError(f"token {token} was settled against its grammar's mask")
             self.settled.append(consumed)
         self._check()
@@ -150,5 +156,7 @@ class Matcher:
         del self.settled[len(self.settled) - len(back):]
 
     def _check(self) -> None:
+        """A SettingsError where the matcher failed on the grammar (one of its limits, a grammar it
+        cannot extend): the request's, not a fault of the loop."""
         if self.matcher.is_error():
-            raise RuntimeError(f"the grammar's matcher failed: {self.matcher.get_error()}")
+            raise SettingsError(f"the grammar's matcher gave up: {one_line(self.matcher.get_error())}")

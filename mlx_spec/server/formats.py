@@ -1,8 +1,9 @@
-"""What an answer must be, as each dialect states it: chat completions' `response_format`, the
-Responses API's `text.format` and Anthropic's `output_config.format` (or the beta's
-`output_format`). The last two become the first (every request here becomes a chat request), and
-the first becomes `Options.json_schema` (constraints/spec.py): the answer held to the schema,
-drafting still on. A malformed one is a ValueError naming the field (a 400).
+"""What an answer must be, as each dialect states it: chat completions' `response_format` and
+`tool_choice`, the Responses API's `text.format` and `tool_choice`, Anthropic's
+`output_config.format` (or the beta's `output_format`) and `tool_choice`. The last two dialects'
+become chat completions' (every request here becomes a chat request), and those become
+`Options.json_schema` and `Options.tool_choice` (constraints/): the answer held to the schema, or
+to calls, drafting still on. A malformed one is a ValueError naming the field (a 400).
 """
 
 from typing import Any, Dict, Optional
@@ -64,3 +65,33 @@ def _schema(schema: Any, where: str) -> dict:
         raise ValueError(f"{where} must be a JSON schema (an object)")
     Options(json_schema=schema)  # its own checks, named (a SettingsError is a ValueError)
     return schema
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """Options' tool_choice for a chat completion's: None ("auto"), "none", "required", or the
+    name of the function it names."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return None if choice == "auto" else choice
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(name, str) or not name:
+        raise ValueError('tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
+    return name
+
+
+def responses_tool_choice(choice: Any) -> Any:
+    """The chat tool_choice for a Responses request's (`{"type": "function", "name": ...}`)."""
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def messages_tool_choice(choice: Optional[Dict[str, Any]]) -> Any:
+    """The chat tool_choice for a Messages request's: `any` is "required", `tool` names one."""
+    kind = (choice or {}).get("type")
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind not in (None, "auto", "none"):
+        raise ValueError('tool_choice.type must be "auto", "any", "tool" or "none"')
+    return kind

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
-from .formats import messages_format
+from .formats import messages_format, messages_tool_choice
 from .json_values import text_field
 from .schemas import ChatRequest, Described
 
@@ -63,10 +63,7 @@ class MessagesRequest(Described, BaseModel):
 
     @model_validator(mode="after")
     def _supported(self):
-        kind = (self.tool_choice or {}).get("type", "auto")
-        if kind not in ("auto", "none"):
-            raise ValueError(f'tool_choice {{"type": "{kind}"}} is not supported yet: a call cannot be forced; '
-                             'use "auto" or "none"')
+        messages_tool_choice(self.tool_choice)  # (named as this API names it)
         messages_format(self.output_config, self.output_format)  # (named as this API names it)
         return self
 
@@ -83,7 +80,7 @@ class MessagesRequest(Described, BaseModel):
 
     def chat_body(self) -> Dict[str, Any]:
         tools, _ = self.function_tools()
-        tool_choice = (self.tool_choice or {}).get("type")
+        tool_choice = messages_tool_choice(self.tool_choice)
         body = {
             "model": self.model, "messages": messages_of(self.system, self.messages),
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp,

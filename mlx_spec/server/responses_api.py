@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from ..media.prompt import PLACE, RETURNED
 from ..message_checks import check_schema
 from .chat_checks import answers_a_call
-from .formats import responses_format
+from .formats import responses_format, responses_tool_choice
 from .json_values import loads, text_field
 from .schemas import ChatRequest, Described
 
@@ -53,8 +53,6 @@ class ResponsesRequest(Described, BaseModel):
         if self.previous_response_id is not None:
             raise ValueError("previous_response_id is not supported: this server stores no responses; send the "
                              "whole conversation in input (as Codex does), which the prompt cache resumes")
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError('tool_choice must be "auto" or "none": forcing a tool call is not supported yet')
         responses_format(self.text)  # (checked here, to name the field as this API does)
         if isinstance(self.input, list) and not self.input:
             raise ValueError("input is empty")
@@ -96,7 +94,7 @@ class ResponsesRequest(Described, BaseModel):
             "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
             "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp, "x_report": self.x_report,
             "thinking": self.thinking, "stream": self.stream,
-            "tools": tools or None, "tool_choice": self.tool_choice if tools else None,
+            "tools": tools or None, "tool_choice": responses_tool_choice(self.tool_choice) if tools else None,
             "response_format": responses_format(self.text),
         }
         return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None}), ignored

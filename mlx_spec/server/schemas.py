@@ -4,9 +4,9 @@ failure returns.
 
 Fields OpenAI defines are checked for their types (a wrong type is a 400 naming the field);
 fields we do not know are ignored, as OpenAI's own clients send many optional ones. What we
-cannot honour with exact decoding (n > 1, penalties, logit bias, forced tool choice, echo) is
-refused by name rather than silently dropped. JSON modes hold the answer to their schema
-(formats.py).
+cannot honour with exact decoding (n > 1, penalties, logit bias, echo) is refused by name
+rather than silently dropped. JSON modes and a forced tool choice hold the answer to their
+grammar (formats.py).
 """
 
 from typing import Any, Dict, List, Optional, Union
@@ -17,7 +17,7 @@ from ..media.images import SOFT_TOKEN_BUDGETS
 from ..options import Options
 from ..message_checks import checked_tool
 from .chat_checks import checked_message
-from .formats import chat_json_schema
+from .formats import chat_json_schema, chat_tool_choice
 
 MAX_TOP_LOGPROBS = 5  # the per-token report keeps the top 5
 # Each token is matched against every stop string on the model's thread, the batch's other rows
@@ -149,12 +149,20 @@ class ChatRequest(_Request):
 
     @model_validator(mode="after")
     def _chat_supported(self):
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError('tool_choice must be "auto" or "none": forcing a tool call is not supported yet')
-        if self.json_schema is not None and self.active_tools:
-            raise ValueError("response_format with tools is not supported yet: the format would hold the whole "
-                             'answer, so no tool could be called; send one or the other (or tool_choice "none")')
+        chat_json_schema(self.response_format)  # (its errors named here, as a 400)
+        choice = chat_tool_choice(self.tool_choice)
+        if choice not in (None, "none") and not self.tools:
+            raise ValueError(f"tool_choice {self.tool_choice!r} needs tools")
+        names = [t["function"]["name"] for t in self.tools or []]
+        if choice not in (None, "none", "required") and choice not in names:
+            raise ValueError(f"tool_choice names {choice!r}, which is not among the tools")
         return self
+
+    @property
+    def forced_tool(self) -> Any:
+        """Options' tool_choice: "required", a tool's name, or None."""
+        choice = chat_tool_choice(self.tool_choice)
+        return choice if choice != "none" else None
 
     @property
     def json_schema(self) -> Any:
@@ -178,9 +186,9 @@ class ChatRequest(_Request):
 
     def own_options(self, defaults: Options) -> Dict[str, Any]:
         thinking = defaults.thinking if self.enable_thinking is None else self.enable_thinking
-        own = {"thinking": thinking, "json_schema": self.json_schema}
-        if self.json_schema is not None and self.enable_thinking is None:
-            own["thinking"] = False  # the format holds the whole answer (a server that thinks by default)
+        own = {"thinking": thinking, "json_schema": self.json_schema, "tool_choice": self.forced_tool}
+        if (self.json_schema is not None or self.forced_tool) and self.enable_thinking is None:
+            own["thinking"] = False  # the grammar holds the whole answer (a server that thinks by default)
         return own if self.image_tokens is None else {**own, "image_tokens": self.image_tokens}
 
     @property

@@ -18,6 +18,7 @@ from mlx_lm.tool_parsers import gemma4 as gemma4_tools
 
 from ...errors import SettingsError
 from ..protocol import ANSWER, THOUGHT, TOOL_CALL
+from .tool_grammar import call_rules
 
 Message = Dict[str, Any]
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
@@ -218,6 +219,8 @@ class Gemma4ChatFormat:
     for_template = staticmethod(for_template)
     parse_tool_calls = staticmethod(parse_tool_calls)
     assistant_message = staticmethod(assistant_message)
+    # Its calls as a Lark grammar typed by the tools' schemas (a forced tool_choice: constraints/tools.py)
+    tool_call_rules = staticmethod(call_rules)
 
     @staticmethod
     def channels(tokenizer, prompt: Sequence[int] = ()) -> Channels:

@@ -20,6 +20,7 @@ from mlx_lm.tool_parsers import qwen3_coder
 
 from ...errors import SettingsError
 from ..protocol import ANSWER, THOUGHT, TOOL_CALL
+from .tool_grammar import call_rules
 
 Message = Dict[str, Any]
 THINK_START, THINK_END = "<think>", "</think>"
@@ -158,6 +159,8 @@ class QwenChatFormat:
     for_template = staticmethod(for_template)
     parse_tool_calls = staticmethod(parse_tool_calls)
     assistant_message = staticmethod(assistant_message)
+    # Its calls as a Lark grammar typed by the tools' schemas (a forced tool_choice: constraints/tools.py)
+    tool_call_rules = staticmethod(call_rules)
 
     @staticmethod
     def channels(tokenizer, prompt: Sequence[int] = ()) -> Channels:
