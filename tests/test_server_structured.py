@@ -77,6 +77,8 @@ def test_chat_parse_with_a_pydantic_model(oa, model, engine):
     assert isinstance(message.parsed, Weather)
     jsonschema.validate(json.loads(message.content), strict_schema())
     assert completion.choices[0].finish_reason == "stop"
+    usage = completion.usage.model_extra
+    assert usage["x_constrained_tokens"] == completion.usage.completion_tokens and usage["x_mask_ms"] > 0
     alone = engine.generate(QUESTION, max_tokens=160, json_schema=strict_schema())
     assert message.content == alone.text
 

@@ -62,11 +62,13 @@ def main(argv=None):
     entries = [measure(engine, prefills, name, message, constraint, args) for name, message, constraint in CASES]
     print(markdown(["case", "tokens", "MTP off", "default", "default, no constraint", "mlx-lm + llguidance",
                     "default / off", "default / mlx-lm", "forced guesses kept / tokens", "ms per cycle (off / default)",
-                    "same tokens"], [row(e) for e in entries]))
+                    "mask ms per token", "MTP kept (constrained / free)", "same tokens"], [row(e) for e in entries]))
     print("\ntok/s: decode speed after the first cycle (the prompt left out), the median of the rounds; each ratio "
           "the median of the rounds' ratios. Forced guesses: the tokens a grammar forces (keys, quotes, braces), "
-          "drafted whenever it has some. Every constrained run greedy; 'same tokens': MTP off, the default and "
-          "mlx-lm under the same mask gave the same answer.\n")
+          "drafted whenever it has some. Mask ms: the host's time building the masks, per token. MTP kept: the "
+          "assistant's guesses kept over those drafted, with the constraint and without ('-': it drafted none). "
+          "Every constrained run greedy; 'same tokens': MTP off, the default and mlx-lm under the same mask gave "
+          "the same answer.\n")
     timed = [e for e in entries if e["tokens"] >= MIN_TIMED]
     short = [e["case"] for e in entries if e["tokens"] < MIN_TIMED]
     if short:
@@ -92,8 +94,15 @@ def measure(engine, prefills, name: str, message: str, constraint: dict, args) -
     return {"case": name, "constraint": constraint, "tokens": len(default["tokens"]), **{f"{k}_tps": v for k, v in tps.items()},
             "default_over_off": _ratio(runs["default"], runs["off"]), "default_over_mlx_lm": _ratio(runs["default"], runs["mlx_lm"]),
             "forced_kept": default["forced_kept"], "ms_per_cycle_off": runs["off"][0]["ms_per_cycle"],
-            "ms_per_cycle_default": default["ms_per_cycle"],
+            "ms_per_cycle_default": default["ms_per_cycle"], "mask_ms_per_token": default["mask_ms_per_token"],
+            "mtp_constrained": _acceptance(runs["default"]), "mtp_free": _acceptance(runs["free"]),
             "same_tokens": all(r["tokens"] == default["tokens"] for k in ("off", "default", "mlx_lm") for r in runs[k])}
+
+
+def _acceptance(runs) -> float:
+    """The assistant's guesses kept over those drafted, over the rounds (None: it drafted none)."""
+    kept, drafted = (sum(r["mtp"][i] for r in runs) for i in (0, 1))
+    return kept / drafted if drafted else None
 
 
 def _ratio(ours, theirs) -> float:
@@ -106,7 +115,12 @@ def row(e: dict) -> list:
 
     return [e["case"], e["tokens"], shown("off_tps"), shown("default_tps"), f"{e['free_tps']:.1f}", shown("mlx_lm_tps"),
             shown("default_over_off", 2), shown("default_over_mlx_lm", 2), f"{e['forced_kept']} / {e['tokens']}",
-            f"{e['ms_per_cycle_off']:.1f} / {e['ms_per_cycle_default']:.1f}", "yes" if e["same_tokens"] else "NO"]
+            f"{e['ms_per_cycle_off']:.1f} / {e['ms_per_cycle_default']:.1f}", f"{e['mask_ms_per_token']:.3f}",
+            f"{_share(e['mtp_constrained'])} / {_share(e['mtp_free'])}", "yes" if e["same_tokens"] else "NO"]
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def run_ours(engine, prefills, prompt, options: Options) -> dict:
@@ -119,7 +133,9 @@ def run_ours(engine, prefills, prompt, options: Options) -> dict:
             cycles.append(report.cycle)
     s = decoder.stats
     return {"tokens": tokens, "tps": rate(times, cycles), "forced_kept": s.kept_by_source.get("grammar", 0),
-            "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1)}
+            "ms_per_cycle": 1000 * s.generation_seconds / max(s.cycles, 1),
+            "mtp": (s.kept_by_source.get("mtp", 0), s.drafted_by_source.get("mtp", 0)),
+            "mask_ms_per_token": 1000 * s.mask_seconds / max(len(tokens), 1)}
 
 
 def run_mlx_lm_constrained(engine, prompt, constraint: dict, max_tokens: int) -> dict:

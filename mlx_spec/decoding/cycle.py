@@ -10,6 +10,7 @@ target pass writes at and the index of its uniforms. The host only needs bounds 
 cycle settles 1 to g + 1 tokens), to size the caches' buffers.
 """
 
+import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Union
 
@@ -92,11 +93,12 @@ class Cycle:
 
 class CycleBuilder:
     def __init__(self, target: TargetModel, settings: SamplingSettings, uniforms: dict, report: bool,
-                 constraint=None):
-        """constraint: the answer's grammar matcher (constraints/matcher.py), or None."""
+                 constraint=None, stats=None):
+        """constraint: the answer's grammar matcher (constraints/matcher.py), or None; stats: the
+        request's (decoding/stats.py), which the masks' host time goes to."""
         self.target, self.settings, self.uniforms = target, settings, uniforms
         self.verifier = Verifier(settings, report, target.traces)
-        self.constraint = constraint
+        self.constraint, self.stats = constraint, stats
 
     def build(self, state: SequenceState, start: Start, g: int, drafter: Optional[Drafter]) -> Cycle:
         """The lazy graph of one cycle in the sequence's own caches, from its settled state:
@@ -143,7 +145,11 @@ class CycleBuilder:
         constrained cycle is built from settled tokens, and waits for its drafts."""
         if self.constraint is None:
             return None
-        return mx.array(self.constraint.masks(guesses.tolist(), positions))
+        began = time.perf_counter()
+        masks = self.constraint.masks(guesses.tolist(), positions)
+        if self.stats is not None:
+            self.stats.mask_seconds += time.perf_counter() - began
+        return mx.array(masks)
 
     def target_uniforms(self, start: Start, n: int) -> mx.array:
         """The target's draws' uniforms for the cycle's first n output positions ([n, 2])."""

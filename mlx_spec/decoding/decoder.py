@@ -74,8 +74,8 @@ class Decoder:
         # The guesses its grammar forces, drafted whenever it has some (drafting/forced.py):
         # with the engine's own drafting, not with a drafter given or none.
         self.forced = ForcedTokens(constraint) if constraint is not None and forced_guesses and drafter else None
-        self.builder = CycleBuilder(target, settings, self.uniforms, report, constraint)
         self.stats = Stats()
+        self.builder = CycleBuilder(target, settings, self.uniforms, report, constraint, self.stats)
 
     @property
     def draft_tokens(self) -> Optional[int]:
@@ -166,6 +166,7 @@ class Decoder:
             self.drafter.accept(state, outcome.tokens)
         if self.constraint is not None:
             self.constraint.advance(outcome.tokens)
+            self.stats.constrained_tokens += n
         self.stats.count(cycle.g, cycle.source, min(outcome.kept, n), n)
         self.stats.prebuilt += cycle.built_ahead
         if cycle.source == FORCED:  # outside the draft length's choice: it learns nothing from them

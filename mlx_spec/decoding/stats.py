@@ -34,6 +34,8 @@ class Stats:
     build_seconds: float = 0.0
     launch_seconds: float = 0.0
     peak_memory_gb: float = 0.0
+    constrained_tokens: int = 0  # tokens generated under a constraint (a schema, a grammar, a forced call)
+    mask_seconds: float = 0.0  # host time building a constraint's masks (constraints/matcher.py)
 
     @property
     def prompt_tps(self) -> float:

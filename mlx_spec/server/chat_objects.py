@@ -36,6 +36,8 @@ def usage(prompt_tokens: int, done: Done) -> Dict[str, Any]:
         "x_media_tokens": s.media_tokens,
         "x_drafted": s.drafted,
         "x_kept": s.kept,
+        "x_constrained_tokens": s.constrained_tokens,  # held to a schema, a grammar or a forced call
+        "x_mask_ms": round(1000 * s.mask_seconds, 2),  # the host's time building their masks
         "x_prompt_tps": round(s.prompt_tps, 2),
         "x_generation_tps": round(s.generation_tps, 2),
     }
