@@ -71,7 +71,7 @@ def strict_schema():
     return to_strict_json_schema(Weather)
 
 
-def test_chat_parse_with_a_pydantic_model(oa, model, engine):
+def test_chat_parse_with_a_pydantic_model(oa, model, engine, server):
     completion = oa.chat.completions.parse(model=model, messages=QUESTION, response_format=Weather, max_tokens=160)
     message = completion.choices[0].message
     assert isinstance(message.parsed, Weather)
@@ -79,6 +79,7 @@ def test_chat_parse_with_a_pydantic_model(oa, model, engine):
     assert completion.choices[0].finish_reason == "stop"
     usage = completion.usage.model_extra
     assert usage["x_constrained_tokens"] == completion.usage.completion_tokens and usage["x_mask_ms"] > 0
+    assert server.health()["constrained"]["tokens"] >= usage["x_constrained_tokens"]
     alone = engine.generate(QUESTION, max_tokens=160, json_schema=strict_schema())
     assert message.content == alone.text
 

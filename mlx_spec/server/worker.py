@@ -66,6 +66,9 @@ class Worker:
         self.running: list = []
         self.served = 0
         self.refused = 0  # jobs whose K/V could never fit (a 400 from the queue)
+        # Tokens served under a constraint (a schema, a grammar, a forced call), and the host's
+        # time building their masks (constraints/matcher.py)
+        self.constrained = {"tokens": 0, "mask_ms": 0.0}
         self.dropped = 0  # jobs whose client left
         self.snapshot = {"rows": 0, "tokens_per_second": 0.0, "steps": 0}
         self.cache_info = {"sequences": 0, "bytes": 0}
@@ -97,7 +100,8 @@ class Worker:
             running = sum(not job.answered for job in self.running)
             return {**down, "running": running, "waiting": len(self.waiting) + self.jobs.qsize(),
                     "max_batch": self.max_batch, "batch": dict(self.snapshot), "served": self.served,
-                    "refused": self.refused, "dropped": self.dropped, "prompt_cache": dict(self.cache_info)}
+                    "refused": self.refused, "dropped": self.dropped, "prompt_cache": dict(self.cache_info),
+                    "constrained": dict(self.constrained)}
 
     def cancel_all(self) -> None:
         """Cancel the running jobs (at their next chunk or step) and every waiting one."""
@@ -259,8 +263,11 @@ class Worker:
         task ends a turn later (a turn may be another prompt's chunk), and a client that has its
         answer reads /health with it served, not running (a CI run read it between the two)."""
         if isinstance(event, Done):
+            stats = event.result.stats
             with self._lock:
                 job.answered, self.served = True, self.served + 1
+                self.constrained["tokens"] += stats.constrained_tokens
+                self.constrained["mask_ms"] = round(self.constrained["mask_ms"] + 1000 * stats.mask_seconds, 2)
         job.emit(event)
 
     def _finish(self, job: Job, refused: bool = False) -> None:
