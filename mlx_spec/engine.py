@@ -139,7 +139,8 @@ class Engine:
         sampling = options.sampling
         if sampling.seed is None and self.lockstep.size > 1:  # every rank must draw the same uniforms
             sampling = replace(sampling, seed=self.lockstep.seed())
-        grammar = with_tools(options.constraint, options.tool_choice, tools, self.text.format, self.tokenizer)
+        grammar = with_tools(options.constraint, options.tool_choice, tools, self.text.format, self.tokenizer,
+                             options.thinking)
         constraint = self.grammars.matcher(grammar) if grammar is not None else None
         return Decoder(self.target, sampling, drafter, options.draft_tokens, options.report, self.stop_tokens,
                        lengths=self.draft_lengths, constraint=constraint, forced_guesses=options.drafter is None)

@@ -60,10 +60,6 @@ class Options:
         if self.mtp is not None and not isinstance(self.mtp, bool):
             raise SettingsError(f"mtp must be True, False or None, got {self.mtp!r}")
         check_tool_choice(self.tool_choice)
-        forced = self.tool_choice not in (None, "auto", "none")
-        if (self.constraint is not None or forced) and self.thinking:
-            raise SettingsError("a constraint (json_schema, regex, grammar or a forced tool_choice) holds the whole "
-                                "answer: turn thinking off")
         for name in ("lookup", "report", "thinking", "fit_context"):  # ("no" would be true)
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -83,3 +83,18 @@ def test_a_forced_call_and_a_json_answer_drafting_on_and_off(engine):
     answer = engine.generate(question, json_schema=schema, max_tokens=40, draft_tokens=2)
     assert answer.tokens == engine.generate(question, json_schema=schema, max_tokens=40, mtp=False).tokens
     jsonschema.validate(json.loads(answer.text), schema)
+
+
+def test_with_thinking_the_thought_comes_first(engine):
+    """Thinking on: the prompt opens the thought; the model's thought, its `</think>` and blank
+    lines, then the calls, as Qwen's template writes a turn back, are accepted whole; and a forced
+    call with thinking on decodes the same drafting on and off."""
+    grammar = with_tools(None, "required", TOOLS, engine.text.format, engine.tokenizer, thinking=True)
+    matcher = engine.grammars.matcher(grammar)
+    turn = "The user wants files.\n</think>\n\n" + rendered_calls(engine, [VALID[1]])
+    ids = engine.tokenizer.encode(turn, add_special_tokens=False)
+    assert matcher.matcher.try_consume_tokens(ids) == len(ids) and matcher.matcher.is_accepting()
+    question = [{"role": "user", "content": "Find files."}]
+    off = engine.generate(question, tools=TOOLS, tool_choice="required", thinking=True, max_tokens=60, mtp=False)
+    on = engine.generate(question, tools=TOOLS, tool_choice="required", thinking=True, max_tokens=60)
+    assert on.tokens == off.tokens

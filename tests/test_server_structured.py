@@ -133,10 +133,13 @@ def test_a_bad_format_is_a_400_naming_it(oa, model, response_format, words):
         oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, response_format=response_format)
 
 
-def test_a_format_with_thinking_asked_for_is_refused_by_name(oa, model):
-    with pytest.raises(openai.BadRequestError, match="turn thinking off"):
-        oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, extra_body={"thinking": True},
-                                   response_format={"type": "json_object"})
+def test_a_format_with_thinking_on_thinks_first(oa, model):
+    """The thought first, free (as reasoning_content), then the answer in the format."""
+    greeting = [{"role": "user", "content": "Hello there"}]
+    completion = oa.chat.completions.parse(model=model, messages=greeting, max_tokens=120, extra_body={"thinking": True},
+                                           response_format=Forecast)
+    message = completion.choices[0].message
+    assert isinstance(message.parsed, Forecast) and message.model_extra["reasoning_content"]
 
 
 CLOCK = [{"type": "function", "function": {"name": "get_current_time", "description": "The current time in a city",

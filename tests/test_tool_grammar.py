@@ -111,11 +111,24 @@ def test_a_json_answer_or_a_call(engine):
     jsonschema.validate(json.loads(none.text), schema)
 
 
+def test_a_thought_first_then_what_is_held(engine):
+    """Thinking on: the thought channel first, free (the trained greeting's thought), then the
+    JSON answer, or the forced calls; drafting on == off."""
+    schema = {"type": "object", "properties": {"reply": {"type": "string", "maxLength": 20}}, "required": ["reply"],
+              "additionalProperties": False}
+    greeting = [{"role": "user", "content": "Hello there"}]
+    off = engine.generate(greeting, json_schema=schema, thinking=True, max_tokens=80, mtp=False)
+    result = engine.generate(greeting, json_schema=schema, thinking=True, max_tokens=80)
+    assert result.tokens == off.tokens and result.thinking == "The user says hello."
+    jsonschema.validate(json.loads(result.text), schema)
+    calls = engine.generate(QUESTION_MESSAGES, tools=TOOLS, tool_choice="required", thinking=True, max_tokens=80)
+    assert calls.finish_reason == "tool_calls" and calls.tool_calls
+
+
 @pytest.mark.parametrize("settings, words", [
     ({"tool_choice": "required"}, "needs tools"),
     ({"tool_choice": "send_mail", "tools": TOOLS}, "not among the tools"),
     ({"tool_choice": 3}, "tool_choice must be"),
-    ({"tool_choice": "required", "tools": TOOLS, "thinking": True}, "turn thinking off"),
     ({"regex": "[a-z]+", "tools": TOOLS}, "regex beside tools"),
 ])
 def test_bad_tool_choices_are_named(engine, settings, words):

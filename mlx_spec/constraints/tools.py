@@ -4,7 +4,9 @@ also be text, the answer's JSON schema beside them.
 
 - `required`: one or more calls, of any of the tools;
 - a tool's name: one or more calls of that tool;
-- `auto` (or none given) with a JSON schema: one or more calls, or the answer in the schema.
+- `auto` (or none given) with a JSON schema: one or more calls, or the answer in the schema;
+- with thinking on, the family's thought first, free (its chat format's `thought_rule`), then
+  what is held (a JSON schema, or the calls).
 
 A family's chat format gives `tool_call_rules(tools, tokenizer)`: its call rule per tool, the
 rules they need, and the separator between calls (models/gemma4/tool_grammar.py,
@@ -29,11 +31,31 @@ def check_tool_choice(choice: Any) -> None:
 
 
 def with_tools(grammar: Optional[Grammar], choice: Optional[str], tools: Optional[List[Any]], chat_format,
-               tokenizer) -> Optional[Grammar]:
-    """The grammar an answer is held to, given the request's constraint, tool choice and tools."""
+               tokenizer, thinking: bool = False) -> Optional[Grammar]:
+    """The grammar an answer is held to, given the request's constraint, tool choice, tools and
+    whether the model thinks first (the family's thought, free, before what is held)."""
     forced = choice not in (None, "auto", "none")
-    if not forced and (grammar is None or not tools or choice == "none"):
+    calling = forced or (grammar is not None and bool(tools) and choice != "none")
+    if not calling and (grammar is None or not thinking):
         return grammar
+    if calling:
+        body, rules = _calls(grammar, choice, forced, tools, chat_format, tokenizer)
+    elif grammar.kind == "json_schema":
+        body, rules = _json(grammar), ""
+    else:
+        raise SettingsError(f"a {grammar.kind} with thinking on is not supported: turn thinking off, or give a json_schema")
+    if thinking:
+        thought = getattr(chat_format, "thought_rule", None)
+        if thought is None:
+            raise SettingsError("this model family's thought has no grammar yet: turn thinking off to constrain its answer")
+        prefix, more = thought(tokenizer)
+        body, rules = f"{prefix} ({body})", f"{rules}\n{more}"
+    return Grammar("grammar", f"start: {body}\n{rules}")
+
+
+def _calls(grammar: Optional[Grammar], choice: Optional[str], forced: bool, tools: Optional[List[Any]], chat_format,
+           tokenizer) -> tuple:
+    """(the Lark expression of one or more calls, or of them or the JSON answer; their rules)."""
     if not tools:
         raise SettingsError(f'tool_choice "{choice}" needs tools to call')
     try:
@@ -55,9 +77,13 @@ def with_tools(grammar: Optional[Grammar], choice: Optional[str], tools: Optiona
     calls, text, separator = rules(tools, tokenizer)
     chosen = list(calls.values()) if choice in (None, "auto", "none", "required") else [calls[choice]]
     call = f"({' | '.join(chosen)})"
-    start = f"{call} ({separator} {call})*"
+    body = f"{call} ({separator} {call})*"
     if not forced and grammar is not None:
-        schema = {**json.loads(grammar.source), "x-guidance": {"whitespace_flexible": False}}
-        start = f"{start} | %json {json.dumps(schema, ensure_ascii=False)}"
-    return Grammar("grammar", f"start: {start}\n{text}")
+        body = f"{body} | {_json(grammar)}"
+    return body, text
 
+
+def _json(grammar: Grammar) -> str:
+    """A JSON schema as an expression of llguidance's Lark, its JSON compact."""
+    schema = {**json.loads(grammar.source), "x-guidance": {"whitespace_flexible": False}}
+    return f"%json {json.dumps(schema, ensure_ascii=False)}"

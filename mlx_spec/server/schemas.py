@@ -187,8 +187,6 @@ class ChatRequest(_Request):
     def own_options(self, defaults: Options) -> Dict[str, Any]:
         thinking = defaults.thinking if self.enable_thinking is None else self.enable_thinking
         own = {"thinking": thinking, "json_schema": self.json_schema, "tool_choice": self.forced_tool}
-        if (self.json_schema is not None or self.forced_tool) and self.enable_thinking is None:
-            own["thinking"] = False  # the grammar holds the whole answer (a server that thinks by default)
         return own if self.image_tokens is None else {**own, "image_tokens": self.image_tokens}
 
     @property

@@ -18,7 +18,7 @@ from mlx_lm.tool_parsers import gemma4 as gemma4_tools
 
 from ...errors import SettingsError
 from ..protocol import ANSWER, THOUGHT, TOOL_CALL
-from .tool_grammar import call_rules
+from .tool_grammar import call_rules, thought_rule
 
 Message = Dict[str, Any]
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
@@ -221,6 +221,7 @@ class Gemma4ChatFormat:
     assistant_message = staticmethod(assistant_message)
     # Its calls as a Lark grammar typed by the tools' schemas (a forced tool_choice: constraints/tools.py)
     tool_call_rules = staticmethod(call_rules)
+    thought_rule = staticmethod(thought_rule)  # its thought, free, before a constrained answer
 
     @staticmethod
     def channels(tokenizer, prompt: Sequence[int] = ()) -> Channels:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from ...errors import SettingsError
 
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 DEPTH = 6  # schema levels typed; deeper ones take any value of the format
 GENERIC = """
 value: str | NUMBER | "true" | "false" | "null" | array | object
@@ -123,10 +124,19 @@ class _Builder:
         return name
 
 
-def marker_ids(tokenizer) -> Dict[str, int]:
+def thought_rule(tokenizer) -> tuple:
+    """(the Lark expression of Gemma 4's thought, the rules it needs): with thinking on, the model
+    may open its thought channel first, `<|channel>thought\\n...<channel|>`, free, before what
+    is held."""
+    ids = marker_ids(tokenizer, (CHANNEL_START, CHANNEL_END))
+    start, end = (f"<[{ids[m]}]>" for m in (CHANNEL_START, CHANNEL_END))
+    return "thought?", f"thought: {start} THOUGHT_TEXT {end}\nTHOUGHT_TEXT: /(?s:.*)/"
+
+
+def marker_ids(tokenizer, markers=MARKERS) -> Dict[str, int]:
     """The ids of the format's marker tokens; a SettingsError where the tokenizer lacks one."""
     ids = {}
-    for marker in MARKERS:
+    for marker in markers:
         found = tokenizer.convert_tokens_to_ids(marker) if tokenizer is not None else None
         if not isinstance(found, int) or found == getattr(tokenizer, "unk_token_id", None):
             raise SettingsError(f"the tokenizer has no {marker!r} token: its tool calls cannot be held to a grammar")

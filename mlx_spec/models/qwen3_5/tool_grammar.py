@@ -84,10 +84,19 @@ def _as_written(value: Any) -> str:
     return "None" if value is None else json.dumps(value)
 
 
-def marker_ids(tokenizer) -> List[int]:
-    """The ids of `<tool_call>` and `</tool_call>`; a SettingsError where the tokenizer lacks one."""
+def thought_rule(tokenizer) -> tuple:
+    """(the Lark expression of Qwen's thought, the rules it needs): with thinking on, the
+    generation prompt opens the thought (`<think>\\n`); the model writes it, free, closes it
+    with `</think>` and the blank lines before its answer."""
+    (end,) = marker_ids(tokenizer, ("</think>",))
+    return "thought", f'thought: THOUGHT_TEXT <[{end}]> /[ \\n]*/\nTHOUGHT_TEXT: /(?s:.*)/'
+
+
+def marker_ids(tokenizer, markers=MARKERS) -> List[int]:
+    """The ids of `markers` (`<tool_call>` and `</tool_call>`); a SettingsError where the
+    tokenizer lacks one."""
     ids = []
-    for marker in MARKERS:
+    for marker in markers:
         found = tokenizer.convert_tokens_to_ids(marker) if tokenizer is not None else None
         if not isinstance(found, int) or found == getattr(tokenizer, "unk_token_id", None):
             raise SettingsError(f"the tokenizer has no {marker!r} token: its tool calls cannot be held to a grammar")
