@@ -222,3 +222,17 @@ def test_a_schema_nested_past_the_json_limit_is_a_400(oa, model):
     with pytest.raises(openai.BadRequestError, match="nested"):
         oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=10, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "f"}, {"type": "function", "function": ["f"]},
+                                    {"type": "function"}, 3, "sometimes"])
+def test_a_malformed_tool_choice_is_a_400(oa, model, choice):
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        oa.chat.completions.create(model=model, messages=QUESTION, max_tokens=5, tools=CLOCK, tool_choice=choice)
+
+
+def test_a_forced_choice_without_tools_is_a_400_in_every_dialect(oa, an, model):
+    with pytest.raises(openai.BadRequestError, match="needs tools"):
+        oa.responses.create(model=model, input="Hi", max_output_tokens=5, tool_choice="required")
+    with pytest.raises(anthropic.BadRequestError, match="needs tools"):
+        an.messages.create(model=model, max_tokens=5, messages=QUESTION, tool_choice={"type": "any"})

@@ -134,3 +134,15 @@ def test_a_thought_first_then_what_is_held(engine):
 def test_bad_tool_choices_are_named(engine, settings, words):
     with pytest.raises(SettingsError, match=words):
         engine.generate(QUESTION_MESSAGES, max_tokens=8, **settings)
+
+
+def test_numbers_no_parser_reads_back_are_refused(engine):
+    """A float's range ends near 1e308: `1e999` (which the parser drops, so a forced call would
+    come back as none) and a 400-digit integer are not writable; 18 digits and 1e99 are."""
+    def block(count):
+        return f'<|tool_call>call:find_files{{count:{count},path:<|"|>x<|"|>}}<tool_call|>'
+
+    assert accepts(engine, "required", block("123456789012345678")) and accepts(engine, "required", block("-3"))
+    for count in ("1e999", "9" * 400):
+        assert not accepts(engine, "required", block(count))
+    assert not engine.text.format.parse_tool_calls(block("1e999"), TOOLS_FOR_GRAMMAR)  # (why: it is dropped)

@@ -159,6 +159,6 @@ def _processor(matcher, prompt_length: int):
         generated = tokens.size - prompt_length
         if generated > len(matcher.settled):
             matcher.advance(tokens[prompt_length + len(matcher.settled):].tolist())
-        return restricted(logits, mx.array(matcher.masks([])))
+        return restricted(logits, mx.array(matcher.masks([])[0]))
 
     return process

@@ -108,31 +108,44 @@ class Matcher:
     def words(self) -> int:
         return words_for(self.vocab_size)
 
-    def masks(self, guesses: Sequence[int], positions: Optional[int] = None) -> np.ndarray:
-        """int32 [positions, words]: the allowed tokens at the settled point and after each
-        guess the grammar allows (see the module's note); positions defaults to guesses + 1."""
+    def masks(self, guesses: Sequence[int], positions: Optional[int] = None) -> tuple:
+        """(int32 [positions, words], usable): the allowed tokens at the settled point and after
+        each guess the grammar allows (see the module's note; positions defaults to guesses + 1),
+        and how many of the guesses may be kept: all, but where the matcher failed walking one
+        (one of its limits, on a guess the row may never keep), the guesses from that one on,
+        which the loop then never keeps. The walk is on a copy: a guess never moves or breaks the
+        row's own matcher."""
         positions = len(guesses) + 1 if positions is None else positions
         out = np.zeros((positions, self.words), dtype=np.int32)
-        walked = 0
         self._fill(self.matcher, out, 0)
-        for guess in guesses[: positions - 1]:
-            if guess in self.stop_tokens or self.matcher.try_consume_tokens([guess]) != 1:
-                break
-            walked += 1
-            self._fill(self.matcher, out, walked)
-        if walked:
-            self.matcher.rollback(walked)
-        out[walked + 1:] = out[walked]
         self._check()
         if not out[0].any():  # (a matcher past one of its limits allows nothing: never a NaN distribution)
             raise SettingsError("the grammar allows no token here: the matcher gave up on it (too large a grammar?)")
-        return out
+        walked, usable = 0, len(guesses)
+        walker = self.matcher.deep_copy() if len(guesses) and positions > 1 else None
+        for guess in guesses[: positions - 1]:
+            if guess in self.stop_tokens or walker.try_consume_tokens([guess]) != 1:
+                usable = walked if walker.is_error() else usable
+                break
+            self._fill(walker, out, walked + 1)
+            if walker.is_error():
+                usable = walked
+                break
+            walked += 1
+        out[walked + 1:] = out[walked]
+        return out, usable
 
     def forced(self, most: int) -> List[int]:
         """Up to `most` tokens the grammar forces next (llguidance's fast-forward tokens; never
         a stop token)."""
         out = []
-        for token in self.matcher.compute_ff_tokens()[:most]:
+        try:
+            forced = self.matcher.compute_ff_tokens()[:most]
+        except BaseException as e:  # (its own failure is the masks' to report, at the same point)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            return []
+        for token in forced:
             if token in self.stop_tokens:
                 break
             out.append(token)

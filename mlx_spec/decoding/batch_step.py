@@ -18,13 +18,15 @@ positions are cut at the settle, as rejected guesses are. A sequence whose cache
 empty (a one-token prompt) takes its first cycle alone, in its own caches, inside the step.
 """
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 import mlx.core as mx
 
-from ..drafting import DraftContext
+from ..drafting import Draft, DraftContext
+from ..errors import MlxSpecError
 from ..drafting.pieces import HostWork
 from ..drafting.rows import draft_rows
 from ..models.protocol import SharedKV
@@ -206,15 +208,24 @@ def _forced(rows, asks, gs: List[int], drafters: list) -> List[int]:
 
 
 def _masks(rows, drafts, stepping: List[int], positions: int) -> dict:
-    """{row index: its constraint's allowed tokens [positions, words]} for the constrained rows
-    that step. Their guesses are read on the host first (one sync for all of them)."""
+    """{row index: (its constraint's allowed tokens [positions, words], how many of its guesses
+    may be kept)} for the constrained rows that step. Their guesses are read on the host first
+    (one sync for all of them). A row whose grammar fails here (one of the matcher's limits) ends
+    with that error, alone: it is taken out of `stepping` and sits the step out."""
     constrained = [b for b in stepping if rows[b].decoder.constraint is not None]
     guessing = [b for b in constrained if drafts[b].tokens.size]
     if guessing:  # a host sync more in their cycle: the guesses are read before the pass is built
         mx.eval([drafts[b].tokens for b in guessing])
         for b in guessing:
             rows[b].decoder.stats.host_syncs += 1
-    return {b: rows[b].decoder.builder.mask(drafts[b].tokens, positions) for b in constrained}
+    masks = {}
+    for b in constrained:
+        try:
+            masks[b] = rows[b].decoder.builder.mask(drafts[b].tokens, positions)
+        except MlxSpecError as e:
+            rows[b].error, rows[b].done = e, True
+            stepping.remove(b)
+    return masks
 
 
 def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, positions: int, masks: dict) -> dict:
@@ -225,11 +236,12 @@ def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, posit
     figures computed as the row's own call computes them. A row whose drafter sampled its
     guesses (the ratio rule) is verified alone."""
     out, groups = {}, {}
+    drafts = {b: _usable(drafts[b], masks[b][1]) if b in masks else drafts[b] for b in stepping}
     for b in stepping:
         builder = rows[b].decoder.builder
         if drafts[b].q is not None:
             g = drafts[b].tokens.shape[0]
-            mask = masks[b][: g + 1] if b in masks else None
+            mask = masks[b][0][: g + 1] if b in masks else None
             out[b] = builder.verify(starts[b], logits[b, : g + 1], drafts[b], mask)
         else:
             groups.setdefault((builder.verifier.key, b in masks), []).append(b)
@@ -238,11 +250,26 @@ def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, posit
         picked = logits if len(members) == logits.shape[0] else logits[mx.array(members)]
         guesses = mx.stack([_padded_guesses(drafts[b].tokens, positions - 1) for b in members])
         uniforms = mx.stack([rows[b].decoder.builder.target_uniforms(starts[b], positions) for b in members])
-        mask = mx.stack([masks[b] for b in members]) if members[0] in masks else None
+        mask = mx.stack([masks[b][0] for b in members]) if members[0] in masks else None
         kept, tokens, reports = verifier.by_match(picked, guesses, uniforms, mask)
         for i, b in enumerate(members):
             out[b] = (kept[i], tokens[i], {k: v[i] for k, v in reports.items()})
     return out
+
+
+def _usable(draft: Draft, usable: int) -> Draft:
+    """The draft as far as a constraint's matcher could walk it: where it failed walking a guess,
+    no guess from that one on may be kept. Kept by match, they become -1 (which no token equals:
+    the target draws its own token there, from the last mask the walk reached); sampled (the
+    ratio rule), the draft ends before them, so that the token there is the target's own draw
+    rather than a correction."""
+    g = draft.tokens.shape[0]
+    if usable >= g:
+        return draft
+    if draft.q is not None:
+        return dataclasses.replace(draft, tokens=draft.tokens[:usable], q=draft.q[:usable])
+    tokens = mx.where(mx.arange(g) < usable, draft.tokens.astype(mx.int32), -1)
+    return dataclasses.replace(draft, tokens=tokens)
 
 
 def _padded_guesses(guesses: mx.array, n: int) -> mx.array:

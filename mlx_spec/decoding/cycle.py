@@ -115,7 +115,7 @@ class CycleBuilder:
         vocab = self.target.vocab_size
         inputs = mx.concatenate([start.last, mx.clip(draft.tokens, 0, vocab - 1)[None]], axis=1)
         logits, hidden = self.target.forward(inputs, state.cache)
-        kept, tokens, reports = self.verify(start, logits[0], draft, self.mask(draft.tokens, g + 1))
+        kept, tokens, reports = self.verify(start, logits[0], draft, self.mask(draft.tokens, g + 1)[0])
         return Cycle(start, draft.tokens.shape[0], asked, draft.source, kept, tokens, hidden, reports, draft.copied)
 
     def verify(self, start: Start, logits: mx.array, draft: Draft, mask: Optional[mx.array] = None):
@@ -139,17 +139,18 @@ class CycleBuilder:
             mask,
         )
 
-    def mask(self, guesses: mx.array, positions: int) -> Optional[mx.array]:
-        """The constraint's packed allowed tokens [positions, words] at the settled point and
-        after each guess (None without a constraint). It reads the guesses on the host: a
-        constrained cycle is built from settled tokens, and waits for its drafts."""
+    def mask(self, guesses: mx.array, positions: int) -> tuple:
+        """(the constraint's packed allowed tokens [positions, words] at the settled point and
+        after each guess, how many of the guesses may be kept: `Matcher.masks`); (None, all)
+        without a constraint. It reads the guesses on the host: a constrained cycle is built from
+        settled tokens, and waits for its drafts."""
         if self.constraint is None:
-            return None
+            return None, guesses.shape[0]
         began = time.perf_counter()
-        masks = self.constraint.masks(guesses.tolist(), positions)
+        masks, usable = self.constraint.masks(guesses.tolist(), positions)
         if self.stats is not None:
             self.stats.mask_seconds += time.perf_counter() - began
-        return mx.array(masks)
+        return mx.array(masks), usable
 
     def target_uniforms(self, start: Start, n: int) -> mx.array:
         """The target's draws' uniforms for the cycle's first n output positions ([n, 2])."""

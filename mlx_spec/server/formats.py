@@ -72,7 +72,8 @@ def chat_tool_choice(choice: Any) -> Any:
     name of the function it names."""
     if choice is None or choice in ("auto", "none", "required"):
         return None if choice == "auto" else choice
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         raise ValueError('tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
     return name

@@ -87,7 +87,8 @@ class MessagesRequest(Described, BaseModel):
             "x_report": self.x_report, "stop": self.stop_sequences or None,
             # no `thinking`: the server's default (`serve --thinking`)
             "thinking": None if self.thinking is None else self.thinking.get("type") in ("enabled", "adaptive"),
-            "tools": tools or None, "tool_choice": tool_choice if tools and tool_choice else None,
+            # (a forced choice without tools goes on, for the chat request to refuse by name)
+            "tools": tools or None, "tool_choice": tool_choice if tool_choice and (tools or tool_choice != "none") else None,
             "response_format": messages_format(self.output_config, self.output_format),
         }
         return {k: v for k, v in body.items() if v is not None}

@@ -94,7 +94,9 @@ class ResponsesRequest(Described, BaseModel):
             "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
             "top_k": self.top_k, "seed": self.seed, "mtp": self.mtp, "x_report": self.x_report,
             "thinking": self.thinking, "stream": self.stream,
-            "tools": tools or None, "tool_choice": responses_tool_choice(self.tool_choice) if tools else None,
+            # (a forced choice without function tools goes on, for the chat request to refuse by name)
+            "tools": tools or None, "tool_choice": responses_tool_choice(self.tool_choice) if tools or self.tool_choice
+            not in (None, "auto", "none") else None,
             "response_format": responses_format(self.text),
         }
         return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None}), ignored

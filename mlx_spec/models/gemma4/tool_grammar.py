@@ -18,6 +18,10 @@ from ...errors import SettingsError
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 DEPTH = 6  # schema levels typed; deeper ones take any value of the format
+# Properties of one object typed key by key: its rule grows with their square (any subset in
+# order), so a larger object takes any keys of the format. Numbers: at most 18 digits and a
+# two-digit exponent, which every parser reads back (a float's range ends near 1e308).
+MOST_KEYS = 32
 GENERIC = """
 value: str | NUMBER | "true" | "false" | "null" | array | object
 array: "[" (value ("," value)*)? "]"
@@ -26,8 +30,8 @@ pair: KEY ":" value
 str: QUOTE TEXT QUOTE
 KEY: /[^\\s{}\\[\\],:]+/
 TEXT: /(?s:.*)/
-NUMBER: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/
-INTEGER: /-?(0|[1-9][0-9]*)/
+NUMBER: /-?(0|[1-9][0-9]{0,17})(\\.[0-9]{1,17})?([eE][+-]?[0-9]{1,2})?/
+INTEGER: /-?(0|[1-9][0-9]{0,17})/
 """
 
 
@@ -99,6 +103,8 @@ class _Builder:
         aside), each required one always, any other or none; an object without a required one
         may be empty."""
         properties = schema["properties"]
+        if len(properties) > MOST_KEYS:
+            return "object"
         required = set(schema.get("required") or [])
         keys = sorted(properties, key=lambda k: (k.lower(), k))
         pair = {k: f"{_literal(k + ':')} {self.value(properties[k], depth + 1)}" for k in keys}

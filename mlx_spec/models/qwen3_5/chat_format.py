@@ -37,7 +37,7 @@ def parse_tool_calls(text: str, tools: Optional[List[Dict[str, Any]]] = None) ->
     for body in TOOL_CALL_BLOCK.findall(text):
         try:
             call = qwen3_coder.parse_tool_call(body, tools)
-        except (ValueError, SyntaxError, TypeError):
+        except (ValueError, SyntaxError, TypeError, OverflowError):  # (1e999 for an integer)
             continue
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", **call})
     return calls

@@ -23,8 +23,8 @@ MARKERS = ("<tool_call>", "</tool_call>")
 END = "\\n</parameter>\\n"
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 TERMINALS = """
-INTEGER: /-?(0|[1-9][0-9]*)/
-NUMBER: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/
+INTEGER: /-?(0|[1-9][0-9]{0,17})/
+NUMBER: /-?(0|[1-9][0-9]{0,17})(\\.[0-9]{1,17})?([eE][+-]?[0-9]{1,2})?/
 text_value[suffix="\\n</parameter>\\n"]: /(?s:.*)/
 """
 
@@ -39,8 +39,9 @@ def call_rules(tools: List[Dict[str, Any]], tokenizer) -> tuple:
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = set(schema.get("required") or [])
         parts = []
+        defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
         for key, spec in properties.items():
-            part = f"{_literal('<parameter=' + key + '>' + chr(10))} {_value(spec)}"
+            part = f"{_literal('<parameter=' + key + '>' + chr(10))} {_value(spec, defs)}"
             parts.append(part if key in required else f"({part})?")
         name = f"call{index}"
         head = _literal("\n<function=" + function["name"] + ">\n")
@@ -51,8 +52,9 @@ def call_rules(tools: List[Dict[str, Any]], tokenizer) -> tuple:
     return calls, "\n".join(rules) + TERMINALS, '"\\n"'
 
 
-def _value(schema: Any) -> str:
-    """A Lark expression for one parameter's value and the end of its parameter."""
+def _value(schema: Any, defs: Dict[str, Any]) -> str:
+    """A Lark expression for one parameter's value and the end of its parameter; `defs`: the
+    tool's `$defs` (or `definitions`), which a nested schema's references name."""
     if not isinstance(schema, dict):
         return "text_value"
     choices = schema.get("enum") if isinstance(schema.get("enum"), list) else (
@@ -67,7 +69,7 @@ def _value(schema: Any) -> str:
     if kind == "boolean":
         return f'("true" | "false" | "True" | "False") "{END}"'
     if kind in ("object", "array"):
-        typed = {**schema, "x-guidance": JSON_OPTIONS}
+        typed = {**defs, **schema, "x-guidance": JSON_OPTIONS}
         return f'%json {json.dumps(typed, ensure_ascii=False)} "{END}"'
     longest = schema.get("maxLength")
     if kind == "string" and isinstance(longest, int) and not isinstance(longest, bool) and longest >= 0:
