@@ -1,6 +1,7 @@
 """Structured outputs through the official clients' own helpers, against a real `mlx-spec serve`:
 OpenAI's `chat.completions.parse` and `responses.parse` with a pydantic model, `json_object`,
-forced tool calls, the Agents SDK with tools and `output_type=`,
+forced tool calls, the Agents SDK with tools and `output_type=`, pydantic-ai's native output,
+langchain-openai's `with_structured_output`,
 Anthropic's `messages.parse`; each answer validated by `jsonschema` against the schema the client
 sent, and token for token `Engine.generate`'s under the same schema, streamed or not."""
 
@@ -236,3 +237,29 @@ def test_a_forced_choice_without_tools_is_a_400_in_every_dialect(oa, an, model):
         oa.responses.create(model=model, input="Hi", max_output_tokens=5, tool_choice="required")
     with pytest.raises(anthropic.BadRequestError, match="needs tools"):
         an.messages.create(model=model, max_tokens=5, messages=QUESTION, tool_choice={"type": "any"})
+
+
+class Outlook(BaseModel):
+    sky: str = Field(max_length=8)  # (bounded: the tiny model rambles)
+    umbrella: bool
+
+
+def test_pydantic_ai_native_output(server, model):
+    """pydantic-ai's NativeOutput (its response_format json_schema, strict) against the server."""
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    chat = OpenAIChatModel(model, provider=OpenAIProvider(base_url=server.url + "/v1", api_key=KEY))
+    result = Agent(chat, output_type=NativeOutput(Outlook)).run_sync("What is the weather in Taipei?")
+    assert isinstance(result.output, Outlook)
+
+
+def test_langchain_with_structured_output(server, model):
+    """langchain-openai's `with_structured_output(method="json_schema")` against the server."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=model, base_url=server.url + "/v1", api_key=KEY, max_tokens=160, max_retries=0)
+    answer = llm.with_structured_output(Outlook, method="json_schema").invoke("What is the weather in Taipei?")
+    assert isinstance(answer, Outlook)
+    jsonschema.validate(answer.model_dump(), Outlook.model_json_schema())
