@@ -263,11 +263,12 @@ class Worker:
         task ends a turn later (a turn may be another prompt's chunk), and a client that has its
         answer reads /health with it served, not running (a CI run read it between the two)."""
         if isinstance(event, Done):
-            stats = event.result.stats
+            stats = getattr(event.result, "stats", None)  # (none for an answer that never decoded)
             with self._lock:
                 job.answered, self.served = True, self.served + 1
-                self.constrained["tokens"] += stats.constrained_tokens
-                self.constrained["mask_ms"] = round(self.constrained["mask_ms"] + 1000 * stats.mask_seconds, 2)
+                if stats is not None:
+                    self.constrained["tokens"] += stats.constrained_tokens
+                    self.constrained["mask_ms"] = round(self.constrained["mask_ms"] + 1000 * stats.mask_seconds, 2)
         job.emit(event)
 
     def _finish(self, job: Job, refused: bool = False) -> None:
