@@ -18,18 +18,17 @@ positions are cut at the settle, as rejected guesses are. A sequence whose cache
 empty (a one-token prompt) takes its first cycle alone, in its own caches, inside the step.
 """
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 import mlx.core as mx
 
-from ..drafting import Draft, DraftContext
-from ..errors import MlxSpecError
+from ..drafting import DraftContext
 from ..drafting.pieces import HostWork
 from ..drafting.rows import draft_rows
 from ..models.protocol import SharedKV
+from .constrained_rows import forced_guesses, masks_of, walkable_draft
 from .cycle import Cycle, Start
 from .draft_lengths import Ask
 
@@ -133,7 +132,7 @@ class StepBuilder:
         if running is not None and any(r.decoder.constraint is not None and a.budget > 0 for r, a in zip(rows, asks)):
             return None, 0, []  # a constraint's masks follow the settled tokens: the step waits for them
         gs = self.lengths.choose(asks)
-        asked = _forced(rows, asks, gs, drafters)
+        asked = forced_guesses(rows, asks, gs, drafters)
         # A first probe is built from the settled tokens (the row's first cycle ran alone), so
         # prompt lookup, which reads them, is among its drafters. (Handed out again after its
         # step was dropped unrun, it may be built ahead of them: then it drafts nothing.)
@@ -156,7 +155,7 @@ class StepBuilder:
                                  for s, d in zip(starts, drafts)])
         logits, hidden = self.target.forward_batch(inputs, self.caches, offsets)
         stepping = [b for b, ask in enumerate(asks) if ask.budget > 0]
-        masks = _masks(rows, drafts, stepping, positions)
+        masks = masks_of(rows, drafts, stepping, positions)
         verified = _verified(rows, starts, drafts, stepping, logits, positions, masks)
         members = []
         for b, (row, start, draft, asked) in enumerate(zip(rows, starts, drafts, asked)):
@@ -190,44 +189,6 @@ class StepBuilder:
         return last, hidden, positions, kv
 
 
-def _forced(rows, asks, gs: List[int], drafters: list) -> List[int]:
-    """A row whose grammar forces tokens drafts them (drafting/forced.py), whatever its draft
-    length chose, which is withdrawn; gs and drafters are changed in place. Returns what each
-    row's draft length chose (0 for these rows: the choice was not theirs)."""
-    asked = list(gs)
-    for b, (row, ask) in enumerate(zip(rows, asks)):
-        forced = row.decoder.forced
-        if forced is None or drafters[b] is None or ask.budget <= 0:
-            continue
-        n = len(forced.tokens(row.decoder.policy.cap(ask.budget)))
-        if n:
-            if gs[b]:
-                row.decoder.policy.withdraw()
-            gs[b], asked[b], drafters[b] = n, 0, forced
-    return asked
-
-
-def _masks(rows, drafts, stepping: List[int], positions: int) -> dict:
-    """{row index: (its constraint's allowed tokens [positions, words], how many of its guesses
-    may be kept)} for the constrained rows that step. Their guesses are read on the host first
-    (one sync for all of them). A row whose grammar fails here (one of the matcher's limits) ends
-    with that error, alone: it is taken out of `stepping` and sits the step out."""
-    constrained = [b for b in stepping if rows[b].decoder.constraint is not None]
-    guessing = [b for b in constrained if drafts[b].tokens.size]
-    if guessing:  # a host sync more in their cycle: the guesses are read before the pass is built
-        mx.eval([drafts[b].tokens for b in guessing])
-        for b in guessing:
-            rows[b].decoder.stats.host_syncs += 1
-    masks = {}
-    for b in constrained:
-        try:
-            masks[b] = rows[b].decoder.builder.mask(drafts[b].tokens, positions)
-        except MlxSpecError as e:
-            rows[b].error, rows[b].done = e, True
-            stepping.remove(b)
-    return masks
-
-
 def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, positions: int, masks: dict) -> dict:
     """{row index: (kept, tokens, reports)} for the stepping rows. Rows whose guesses are kept by
     match and whose decoders verify alike (the same sampling settings and reports, a constraint
@@ -236,7 +197,7 @@ def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, posit
     figures computed as the row's own call computes them. A row whose drafter sampled its
     guesses (the ratio rule) is verified alone."""
     out, groups = {}, {}
-    drafts = {b: _usable(drafts[b], masks[b][1]) if b in masks else drafts[b] for b in stepping}
+    drafts = {b: walkable_draft(drafts[b], masks[b][1]) if b in masks else drafts[b] for b in stepping}
     for b in stepping:
         builder = rows[b].decoder.builder
         if drafts[b].q is not None:
@@ -255,21 +216,6 @@ def _verified(rows, starts, drafts, stepping: List[int], logits: mx.array, posit
         for i, b in enumerate(members):
             out[b] = (kept[i], tokens[i], {k: v[i] for k, v in reports.items()})
     return out
-
-
-def _usable(draft: Draft, usable: int) -> Draft:
-    """The draft as far as a constraint's matcher could walk it: where it failed walking a guess,
-    no guess from that one on may be kept. Kept by match, they become -1 (which no token equals:
-    the target draws its own token there, from the last mask the walk reached); sampled (the
-    ratio rule), the draft ends before them, so that the token there is the target's own draw
-    rather than a correction."""
-    g = draft.tokens.shape[0]
-    if usable >= g:
-        return draft
-    if draft.q is not None:
-        return dataclasses.replace(draft, tokens=draft.tokens[:usable], q=draft.q[:usable])
-    tokens = mx.where(mx.arange(g) < usable, draft.tokens.astype(mx.int32), -1)
-    return dataclasses.replace(draft, tokens=tokens)
 
 
 def _padded_guesses(guesses: mx.array, n: int) -> mx.array:

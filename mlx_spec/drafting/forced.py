@@ -4,9 +4,9 @@ and colon, the brace after the last value), llguidance's fast-forward tokens are
 They are guesses like any other, verified by the target under the constraint's mask, so the
 output stays exact; and they are nearly always kept (the model may still spell the same forced
 text with other tokens, which its mask allows). So a constrained row with a drafter drafts them
-whenever the grammar has some, outside its draft length's choice (decoding/batch_step.py), and
-its draft length learns nothing from them (decoder.py): they say nothing of how the assistant
-guesses. They read the matcher at the row's settled tokens: never drafted ahead of the host.
+whenever the grammar has some, outside its draft length's choice
+(decoding/constrained_rows.py), and its draft length learns nothing from them (decoder.py): they
+say nothing of how the assistant guesses. They read the matcher at the row's settled tokens: never drafted ahead of the host.
 """
 
 from typing import List
