@@ -14,8 +14,6 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-TABLES = ["positions", "acceptance", "draft_length", "controlled", "overhead", "media", "batch", "group", "rollback",
-          "structured"]
 PLOTS_MISSING = 'plots need matplotlib: pip install "mlx-spec[bench]"'
 
 
@@ -25,7 +23,7 @@ def write(folder: Path, missing: Optional[Dict[str, str]] = None) -> Path:
     folder = Path(folder)
     plot = _plotter()
     sections = []
-    for table in TABLES:
+    for table in FIGURES:  # (every table, in the report's order)
         why_not = (missing or {}).get(table.replace("_", "-"))
         data_file = folder / f"{table}.json"
         if not data_file.is_file():

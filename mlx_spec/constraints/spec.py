@@ -22,11 +22,6 @@ class Grammar:
     kind: str
     source: str
 
-    @property
-    def schema(self) -> Optional[dict]:
-        """The JSON schema, for a json_schema constraint (None otherwise)."""
-        return json.loads(self.source) if self.kind == "json_schema" else None
-
 
 def grammar_of(json_schema: Any = None, regex: Any = None, grammar: Any = None) -> Optional[Grammar]:
     """The constraint these settings ask for (at most one of them), or None.

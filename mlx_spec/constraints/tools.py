@@ -20,9 +20,6 @@ from ..errors import SettingsError
 from ..message_checks import check_tools
 from .spec import Grammar
 
-FORCING = ("required",)
-
-
 def check_tool_choice(choice: Any) -> None:
     """A SettingsError for a tool choice that is none of None, "auto", "none", "required" or a
     tool's name."""
